@@ -1,0 +1,34 @@
+# klppo developer commands. `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXTRAS ?= dev
+
+.PHONY: venv demo test test-all lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/klppo demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -m ''
+
+lint: $(STAMP)
+	$(BIN)/ruff check klppo tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_losses.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

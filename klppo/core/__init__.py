@@ -1,0 +1,36 @@
+"""Pure tensor math: KL estimators, beta controllers, PPO surrogates, values, GAE, diagnostics.
+
+Imports torch only: no environments, files, loggers or global RNG state.
+"""
+
+from klppo.core._checks import validation
+from klppo.core.advantages import gae, normalize_advantage
+from klppo.core.controllers import KLController, make_controller
+from klppo.core.kl import analytic_kl, full_kl, monte_carlo_kl, reduce_kl, sampled_kl
+from klppo.core.loss import PPOLoss
+from klppo.core.surrogates import (
+    clip_objective,
+    partition,
+    per_sample_beta,
+    per_sample_kl_objective,
+    phi_penalty,
+)
+
+__all__ = [
+    "validation",
+    "gae",
+    "normalize_advantage",
+    "KLController",
+    "make_controller",
+    "analytic_kl",
+    "full_kl",
+    "monte_carlo_kl",
+    "reduce_kl",
+    "sampled_kl",
+    "PPOLoss",
+    "clip_objective",
+    "partition",
+    "per_sample_beta",
+    "per_sample_kl_objective",
+    "phi_penalty",
+]

@@ -1,0 +1,69 @@
+"""Generalised advantage estimation on ``[T, N]`` rollouts, with terminated vs truncated."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from klppo.core._checks import check_same_shape
+
+NormScope = Literal["rollout", "minibatch", "none"]
+
+__all__ = ["NormScope", "gae", "normalize_advantage"]
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    gamma: float = 0.99,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE(gamma, lambda) advantages and lambda-returns.
+
+    Args:
+        rewards: ``[T, N]`` reward received after the action at step t.
+        values: ``[T, N]`` ``V(s_t)``.
+        next_values: ``[T, N]`` value of the observation that followed step t: ``V(s_{t+1})``,
+            or ``V(final observation)`` when the episode was truncated at t (time limit). Its
+            entry is ignored where ``terminated`` is set.
+        terminated: ``[T, N]`` bool: the episode ended in a terminal state at t (no bootstrap).
+        truncated: ``[T, N]`` bool: the episode was cut at t (bootstrap from ``next_values``).
+        gamma: discount in [0, 1]. lam: GAE lambda in [0, 1].
+
+    Returns:
+        ``(advantages, returns)`` of shape ``[T, N]``, ``returns = advantages + values``, with
+        ``delta_t = r_t + gamma (1 - term_t) next_v_t - v_t`` and
+        ``A_t = delta_t + gamma lam (1 - (term_t or trunc_t)) A_{t+1}``: the lambda trace is cut
+        at either kind of episode end.
+    """
+    check_same_shape(
+        rewards=rewards, values=values, next_values=next_values,
+        terminated=terminated, truncated=truncated,
+    )
+    if rewards.dim() != 2:
+        raise ValueError(f"gae expects [T, N] tensors, got shape {tuple(rewards.shape)}")
+    for name, v in (("gamma", gamma), ("lam", lam)):
+        if not 0.0 <= float(v) <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {name}={v!r}")
+    term = terminated.to(rewards.dtype)
+    cont = 1.0 - torch.maximum(term, truncated.to(rewards.dtype))
+    deltas = rewards + gamma * (1.0 - term) * next_values - values
+    decay = gamma * lam * cont
+    adv = torch.empty_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        last = deltas[t] + decay[t] * last
+        adv[t] = last
+    return adv, adv + values
+
+
+def normalize_advantage(advantage: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(A - mean) / (std + eps)`` over all entries, with the sample std (torch's default, as
+    in CleanRL and SB3). A single sample is returned centred (0)."""
+    if advantage.numel() < 2:
+        return advantage - advantage.mean()
+    return (advantage - advantage.mean()) / (advantage.std() + eps)

@@ -1,0 +1,438 @@
+"""Beta controllers: the scalar KL coefficient of PPO-KL and of RLHF's KL penalty.
+
+A controller is a Lagrange multiplier on the constraint ``KL <= target``: when the observed KL is
+above the target it raises beta (the penalty bites harder), below it lowers beta. It is a plain
+object with no torch state; the trainer calls :meth:`KLController.update` at one named point
+(per minibatch, per epoch or per iteration) and logs :attr:`KLController.info`. It never updates
+itself inside a loss.
+
+The observed KL passed to ``update`` must be in the same unit as ``target`` (per-sample mean for
+RL trust regions, per-sequence sum or per-token mean for RLHF); the controller cannot check this,
+so every caller names the unit.
+
+=============  ===============================================================================
+name           rule (d = observed KL)
+=============  ===============================================================================
+fixed          beta constant
+step           d > hi_band * target: beta *= increase; d < target / lo_band: beta *= decrease
+proportional   e = clip(d / target - 1, -clip, clip); beta *= 1 + e * n_steps / horizon
+exponential    beta *= exp(gain * (d - target))
+pid            delta = d - target; I = max(0, I + ki*delta); D = max(0, d - d_prev);
+               beta = max(0, kp*delta + I + kd*D)   (optional EMA smoothing of P and D inputs)
+=============  ===============================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Literal
+
+ControllerName = Literal["fixed", "step", "proportional", "exponential", "pid"]
+StepPreset = Literal["ppo_paper", "rllib", "torchrl", "klip"]
+
+__all__ = [
+    "UpdateInfo",
+    "KLController",
+    "FixedKL",
+    "StepKL",
+    "ProportionalKL",
+    "ExponentialKL",
+    "PIDKL",
+    "STEP_PRESETS",
+    "CONTROLLERS",
+    "make_controller",
+]
+
+
+@dataclass(frozen=True)
+class UpdateInfo:
+    """What one controller update saw and did (logged by the trainer every update)."""
+
+    target: float | None
+    """Target KL (same unit as ``observed``); None for a fixed controller without a target."""
+    observed: float
+    """The KL the controller was fed."""
+    relative_error: float | None
+    """``observed / target - 1`` before any clipping (None without a target)."""
+    error_clipped: bool
+    """True when the proportional rule clipped the relative error to +-clip."""
+    beta_before: float
+    beta_after: float
+    n_steps: int
+
+    @property
+    def beta_change(self) -> float:
+        """Multiplicative change ``beta_after / beta_before`` (nan when beta_before is 0)."""
+        return self.beta_after / self.beta_before if self.beta_before != 0 else math.nan
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "beta_change": self.beta_change}
+
+
+def _finite(name: str, value: float) -> float:
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {name}={value!r}")
+    return v
+
+
+def _positive(owner: str, name: str, value: float) -> float:
+    v = float(value)
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{owner}: {name} must be finite and > 0, got {name}={value!r}")
+    return v
+
+
+class KLController:
+    """Base class: holds beta and its bounds, validates, records :class:`UpdateInfo`.
+
+    Args:
+        beta: initial coefficient (>= 0).
+        target: target KL (> 0), in the unit of the KL the caller will feed.
+        beta_min: lower bound on beta (default 0).
+        beta_max: upper bound on beta (default inf).
+    """
+
+    name: ClassVar[str] = "base"
+    requires_target: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        beta: float = 1.0,
+        target: float | None = None,
+        beta_min: float = 0.0,
+        beta_max: float = math.inf,
+    ) -> None:
+        cls = type(self).__name__
+        if target is None:
+            if self.requires_target:
+                raise ValueError(f"{cls}: target is required, got target=None")
+        else:
+            target = _positive(cls, "target", target)
+        beta_min, beta_max = float(beta_min), float(beta_max)
+        if not (beta_min >= 0 and not math.isnan(beta_min)):
+            raise ValueError(f"{cls}: beta_min must be >= 0, got beta_min={beta_min!r}")
+        if beta_min > beta_max:
+            raise ValueError(
+                f"{cls}: beta_min must be <= beta_max, got beta_min={beta_min!r} > "
+                f"beta_max={beta_max!r}"
+            )
+        beta = float(beta)
+        if not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"{cls}: beta must be finite and >= 0, got beta={beta!r}")
+        self.target = target
+        self.beta_min = beta_min
+        self.beta_max = beta_max
+        self._beta = self._clamp(beta)
+        self.info: UpdateInfo | None = None
+        self.num_updates = 0
+
+    # ------------------------------------------------------------------ interface
+    @property
+    def value(self) -> float:
+        """The current beta."""
+        return self._beta
+
+    def update(self, observed_kl: float, n_steps: int = 1) -> float:
+        """Feed one KL measurement; return the new beta.
+
+        Args:
+            observed_kl: the measured KL, in the unit of ``target``.
+            n_steps: samples (or episodes) the measurement covers; only the proportional rule
+                uses it (trlx / Ziegler's ``n_steps / horizon``).
+        """
+        d = _finite("observed_kl", observed_kl)
+        n = int(n_steps)
+        if n < 1:
+            raise ValueError(f"n_steps must be >= 1, got n_steps={n_steps!r}")
+        before = self._beta
+        raw_error = None if self.target is None else d / self.target - 1.0
+        proposed, clipped = self._next_beta(d, n)
+        self._beta = self._clamp(proposed)
+        self.num_updates += 1
+        self.info = UpdateInfo(
+            target=self.target,
+            observed=d,
+            relative_error=raw_error,
+            error_clipped=clipped,
+            beta_before=before,
+            beta_after=self._beta,
+            n_steps=n,
+        )
+        return self._beta
+
+    def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _clamp(self, beta: float) -> float:
+        return min(max(beta, self.beta_min), self.beta_max)
+
+    # ------------------------------------------------------------------ state
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue identically: beta, update count, internal state."""
+        return {
+            "name": self.name,
+            "beta": self._beta,
+            "num_updates": self.num_updates,
+            "info": None if self.info is None else asdict(self.info),
+            **self._extra_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(
+                f"state_dict is for controller {state.get('name')!r}, not {self.name!r}"
+            )
+        self._beta = float(state["beta"])
+        self.num_updates = int(state["num_updates"])
+        self.info = None if state.get("info") is None else UpdateInfo(**state["info"])
+        self._load_extra_state(state)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(beta={self._beta:.6g}, target={self.target})"
+
+
+class FixedKL(KLController):
+    """Constant beta. ``target`` is optional and only used to report the relative error."""
+
+    name = "fixed"
+    requires_target = False
+
+    def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
+        return self._beta, False
+
+
+#: Named step-rule presets. ``lo_band``: beta decreases when d < target / lo_band.
+STEP_PRESETS: dict[str, dict[str, float]] = {
+    # Schulman et al. 2017, section 4: bands 1.5, factors 2 and 1/2, beta0 = 1.
+    "ppo_paper": dict(beta=1.0, target=0.01, hi_band=1.5, lo_band=1.5, increase=2.0, decrease=0.5),
+    # RLlib PPO: d > 2 target -> *1.5, d < 0.5 target -> *0.5; kl_coeff 0.2, kl_target 0.01.
+    "rllib": dict(beta=0.2, target=0.01, hi_band=2.0, lo_band=2.0, increase=1.5, decrease=0.5),
+    # TorchRL KLPENPPOLoss: dtarg 0.01, beta 1.0, increment 2, decrement 0.5 (applied every
+    # loss call in TorchRL: use the per-minibatch cadence to reproduce it).
+    "torchrl": dict(beta=1.0, target=0.01, hi_band=1.5, lo_band=1.5, increase=2.0, decrease=0.5),
+    # KLip-PPO adaptive baseline: PPO-paper rule once per rollout on the analytic KL between the
+    # rollout policy and the post-update policy, beta clamped to [1e-4, 1e4].
+    "klip": dict(
+        beta=1.0,
+        target=0.02,
+        hi_band=1.5,
+        lo_band=1.5,
+        increase=2.0,
+        decrease=0.5,
+        beta_min=1e-4,
+        beta_max=1e4,
+    ),
+}
+
+
+class StepKL(KLController):
+    """The PPO-paper step rule: multiply beta by ``increase`` or ``decrease`` outside a band.
+
+    ``d > hi_band * target`` -> ``beta *= increase``; ``d < target / lo_band`` ->
+    ``beta *= decrease``; otherwise unchanged. ``preset`` fills defaults from
+    :data:`STEP_PRESETS`; explicit arguments override the preset.
+    """
+
+    name = "step"
+
+    def __init__(
+        self,
+        beta: float | None = None,
+        target: float | None = None,
+        beta_min: float | None = None,
+        beta_max: float | None = None,
+        hi_band: float | None = None,
+        lo_band: float | None = None,
+        increase: float | None = None,
+        decrease: float | None = None,
+        preset: StepPreset | None = "ppo_paper",
+    ) -> None:
+        if preset is not None and preset not in STEP_PRESETS:
+            raise ValueError(
+                f"StepKL: preset must be one of {sorted(STEP_PRESETS)}, got preset={preset!r}"
+            )
+        base = dict(STEP_PRESETS[preset or "ppo_paper"])
+        given = dict(
+            beta=beta,
+            target=target,
+            beta_min=beta_min,
+            beta_max=beta_max,
+            hi_band=hi_band,
+            lo_band=lo_band,
+            increase=increase,
+            decrease=decrease,
+        )
+        opts = {**base, **{k: v for k, v in given.items() if v is not None}}
+        self.preset = preset
+        self.hi_band = _positive("StepKL", "hi_band", opts["hi_band"])
+        self.lo_band = _positive("StepKL", "lo_band", opts["lo_band"])
+        self.increase = float(opts["increase"])
+        self.decrease = float(opts["decrease"])
+        if not (math.isfinite(self.increase) and self.increase >= 1):
+            raise ValueError(f"StepKL: increase must be >= 1, got increase={increase!r}")
+        if not (self.decrease > 0 and self.decrease <= 1):
+            raise ValueError(f"StepKL: decrease must be in (0, 1], got decrease={decrease!r}")
+        super().__init__(
+            beta=opts["beta"],
+            target=opts["target"],
+            beta_min=opts.get("beta_min", 0.0),
+            beta_max=opts.get("beta_max", math.inf),
+        )
+
+    def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
+        if d > self.hi_band * self.target:
+            return self._beta * self.increase, False
+        if d < self.target / self.lo_band:
+            return self._beta * self.decrease, False
+        return self._beta, False
+
+
+class ProportionalKL(KLController):
+    """Ziegler et al. (2019) proportional rule, as in trlx, verl and OpenRLHF.
+
+    ``e = clip(d / target - 1, -clip, clip)``; ``beta *= 1 + e * n_steps / horizon``.
+    ``horizon`` is in the unit of ``n_steps`` (samples or episodes): after ``horizon`` steps of
+    a constant error e, beta has moved by a factor of about ``exp(e)``.
+    Typical settings: trlx's HH example beta 0.05, target 6 (nats per sequence), horizon 10000.
+    """
+
+    name = "proportional"
+
+    def __init__(
+        self,
+        beta: float = 0.2,
+        target: float = 6.0,
+        beta_min: float = 0.0,
+        beta_max: float = math.inf,
+        horizon: float = 10000.0,
+        clip: float = 0.2,
+    ) -> None:
+        self.horizon = _positive("ProportionalKL", "horizon", horizon)
+        self.clip = _positive("ProportionalKL", "clip", clip)
+        super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max)
+
+    def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
+        raw = d / self.target - 1.0
+        e = min(max(raw, -self.clip), self.clip)
+        return self._beta * (1.0 + e * n_steps / self.horizon), e != raw
+
+
+class ExponentialKL(KLController):
+    """``beta *= exp(gain * (d - target))``, clamped to ``[1e-4, 10]`` by default."""
+
+    name = "exponential"
+
+    def __init__(
+        self,
+        beta: float = 1.0,
+        target: float = 0.01,
+        beta_min: float = 1e-4,
+        beta_max: float = 10.0,
+        gain: float = 0.1,
+    ) -> None:
+        self.gain = _positive("ExponentialKL", "gain", gain)
+        super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max)
+
+    def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
+        x = min(self.gain * (d - self.target), 700.0)  # exp overflow guard; clamped below anyway
+        return self._beta * math.exp(x), False
+
+
+class PIDKL(KLController):
+    """PID Lagrangian (Stooke, Achiam & Abbeel 2020) on the constraint ``KL <= target``.
+
+    ``delta = d - target``; ``I = clamp(I + ki * delta, 0, beta_max)`` (anti-windup: the integral
+    never goes negative nor beyond what beta can use); ``D = max(0, d_s - d_s_prev)``;
+    ``beta = max(0, kp * delta_s + I + kd * D)`` clamped to ``[beta_min, beta_max]``, where
+    ``delta_s`` and ``d_s`` are the EMA-smoothed error and KL (``p_ema`` / ``d_ema`` in [0, 1);
+    0 means no smoothing). The integral starts at the initial ``beta``, so the first output equals
+    ``beta`` when the first KL equals the target. Gains are in beta per nat of KL: scale them with
+    the target (an error of 0.01 nats needs ki of order 10-100 to move beta).
+    """
+
+    name = "pid"
+
+    def __init__(
+        self,
+        beta: float = 1.0,
+        target: float = 0.01,
+        beta_min: float = 0.0,
+        beta_max: float = math.inf,
+        kp: float = 1.0,
+        ki: float = 10.0,
+        kd: float = 0.0,
+        p_ema: float = 0.0,
+        d_ema: float = 0.0,
+    ) -> None:
+        for gname, g in (("kp", kp), ("ki", ki), ("kd", kd)):
+            if not (math.isfinite(float(g)) and float(g) >= 0):
+                raise ValueError(f"PIDKL: {gname} must be finite and >= 0, got {gname}={g!r}")
+        for ename, e in (("p_ema", p_ema), ("d_ema", d_ema)):
+            if not 0 <= float(e) < 1:
+                raise ValueError(f"PIDKL: {ename} must be in [0, 1), got {ename}={e!r}")
+        self.kp, self.ki, self.kd = float(kp), float(ki), float(kd)
+        self.p_ema, self.d_ema = float(p_ema), float(d_ema)
+        super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max)
+        self.integral = self._beta
+        self._delta_s: float | None = None
+        self._d_s: float | None = None
+
+    def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
+        delta = d - self.target
+        self.integral = min(max(self.integral + self.ki * delta, 0.0), self.beta_max)
+        if self._delta_s is None:
+            delta_s, d_s, derivative = delta, d, 0.0
+        else:
+            delta_s = self.p_ema * self._delta_s + (1 - self.p_ema) * delta
+            d_s = self.d_ema * self._d_s + (1 - self.d_ema) * d
+            derivative = max(0.0, d_s - self._d_s)
+        self._delta_s, self._d_s = delta_s, d_s
+        return max(0.0, self.kp * delta_s + self.integral + self.kd * derivative), False
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"integral": self.integral, "delta_s": self._delta_s, "d_s": self._d_s}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self.integral = float(state["integral"])
+        self._delta_s = state["delta_s"]
+        self._d_s = state["d_s"]
+
+
+#: name -> class. ``make_controller`` is the only dispatch on controller names.
+CONTROLLERS: dict[str, type[KLController]] = {
+    c.name: c for c in (FixedKL, StepKL, ProportionalKL, ExponentialKL, PIDKL)
+}
+
+
+def make_controller(name: ControllerName, **options: Any) -> KLController:
+    """Build a controller by name: ``fixed``, ``step``, ``proportional``, ``exponential``, ``pid``.
+
+    Common options: ``beta`` (initial value), ``target``, ``beta_min``, ``beta_max``.
+    ``step``: ``preset`` (``ppo_paper``, ``rllib``, ``torchrl``, ``klip``) or ``hi_band``,
+    ``lo_band``, ``increase``, ``decrease``; ``proportional``: ``horizon``, ``clip``;
+    ``exponential``: ``gain``; ``pid``: ``kp``, ``ki``, ``kd``, ``p_ema``, ``d_ema``.
+    Options given as None are dropped (so a config can leave them unset).
+    """
+    try:
+        cls = CONTROLLERS[name]
+    except KeyError:
+        raise ValueError(
+            f"controller must be one of {sorted(CONTROLLERS)}, got controller={name!r}"
+        ) from None
+    import inspect
+
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise ValueError(
+            f"controller {name!r} does not take option(s) {unknown}; it takes {sorted(accepted)}"
+        )
+    return cls(**{k: v for k, v in options.items() if v is not None})

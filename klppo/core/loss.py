@@ -1,0 +1,228 @@
+"""``PPOLoss``: policy objective + value loss + entropy bonus, with named terms and diagnostics.
+
+The loss is a thin composition of the pure functions in this package. It takes tensors (the
+caller evaluates its networks), returns ``loss_objective``, ``loss_critic``, ``loss_entropy`` and
+their sum ``loss`` plus detached diagnostics, and never touches a controller: ``beta`` is an
+argument, read from the controller by the training loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from klppo.core._checks import check_positive, check_same_shape
+from klppo.core.advantages import NormScope, normalize_advantage
+from klppo.core.diagnostics import policy_diagnostics
+from klppo.core.kl import sampled_kl
+from klppo.core.surrogates import (
+    SHAPES,
+    clip_objective,
+    kl_penalty_objective,
+    per_sample_beta,
+    unclipped_objective,
+)
+from klppo.core.values import ValueLossKind, explained_variance, value_loss
+
+Objective = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl"]
+KLEstimatorChoice = Literal["analytic", "k1", "k2", "k3", "abs"]
+
+__all__ = ["Objective", "PPOLoss", "PolicyTerm", "OBJECTIVES"]
+
+
+@dataclass(frozen=True)
+class PolicyTerm:
+    """What an objective returns: per-sample values to maximise, and beta_t where defined."""
+
+    objective: torch.Tensor
+    beta_t: torch.Tensor | None
+    kl: torch.Tensor | None
+
+
+class PPOLoss:
+    """The PPO loss for one minibatch.
+
+    Args:
+        objective: ``clip`` (PPO-Clip), ``per_sample_kl`` (KLip-PPO template, any beta_t shape),
+            ``kl_penalty`` (PPO-KL, scalar beta), ``unclipped`` (plain importance sampling) or
+            ``clip_kl`` (PPO-Clip plus a scalar KL penalty: RLlib's default).
+        eps: clip radius (typical 0.1-0.3). eps_low / eps_high: asymmetric band.
+        dual_clip: ``c > 1`` enables the dual clip for A < 0 (clip objectives and templates).
+        shape: beta_t shape for ``per_sample_kl`` (see :mod:`klppo.core.surrogates`), or a
+            callable ``(ratio, advantage) -> beta_t``.
+        softness, softness_low, softness_high: the soft shapes' s (typical 0.02-0.2).
+        kl_estimator: the per-sample KL for ``kl_penalty`` / ``clip_kl``: ``analytic`` (the
+            caller passes ``kl``, the closed-form KL(pi_old || pi_new) per state) or a sampled
+            estimator computed from ``logp_old`` and ``logp_new``.
+        vf_coef: weight of the critic loss (typical 0.5). value_loss: ``l2``, ``l1``,
+            ``smooth_l1``. value_clip: PPO value clipping radius or None.
+        ent_coef: entropy bonus weight (typical 0-0.01).
+        normalize_advantage: ``minibatch`` normalises here; ``rollout`` and ``none`` leave the
+            advantages as given (the caller normalises once per rollout for ``rollout``).
+    """
+
+    def __init__(
+        self,
+        objective: Objective = "clip",
+        eps: float = 0.2,
+        eps_low: float | None = None,
+        eps_high: float | None = None,
+        dual_clip: float | None = None,
+        shape: str | Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = "clip",
+        softness: float | None = None,
+        softness_low: float | None = None,
+        softness_high: float | None = None,
+        kl_estimator: KLEstimatorChoice = "analytic",
+        vf_coef: float = 0.5,
+        value_loss: ValueLossKind = "l2",
+        value_clip: float | None = 0.2,
+        ent_coef: float = 0.0,
+        normalize_advantage: NormScope = "rollout",
+    ) -> None:
+        if objective not in OBJECTIVES:
+            raise ValueError(
+                f"objective must be one of {sorted(OBJECTIVES)}, got objective={objective!r}"
+            )
+        if not callable(shape) and shape not in SHAPES:
+            raise ValueError(f"shape must be one of {list(SHAPES)}, got shape={shape!r}")
+        if kl_estimator not in ("analytic", "k1", "k2", "k3", "abs"):
+            raise ValueError(f"kl_estimator must be analytic, k1, k2, k3 or abs, "
+                             f"got kl_estimator={kl_estimator!r}")
+        if normalize_advantage not in ("rollout", "minibatch", "none"):
+            raise ValueError(f"normalize_advantage must be rollout, minibatch or none, "
+                             f"got normalize_advantage={normalize_advantage!r}")
+        check_positive("eps", eps)
+        check_positive("vf_coef", vf_coef, allow_zero=True)
+        check_positive("ent_coef", ent_coef, allow_zero=True)
+        self.objective = objective
+        self.eps, self.eps_low, self.eps_high, self.dual_clip = eps, eps_low, eps_high, dual_clip
+        self.shape = shape
+        self.softness, self.softness_low, self.softness_high = softness, softness_low, softness_high
+        self.kl_estimator = kl_estimator
+        self.vf_coef, self.value_loss_kind, self.value_clip = vf_coef, value_loss, value_clip
+        self.ent_coef = ent_coef
+        self.normalize_advantage = normalize_advantage
+        self._policy_term = OBJECTIVES[objective]
+
+    @property
+    def needs_analytic_kl(self) -> bool:
+        """True when the caller must pass the analytic per-state ``kl`` to :meth:`__call__`."""
+        return self.objective in ("kl_penalty", "clip_kl") and self.kl_estimator == "analytic"
+
+    # -------------------------------------------------------------------- policy terms
+    def _clip_beta(self, ratio: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
+        return per_sample_beta(ratio, advantage, self.eps, "clip", None, self.eps_low,
+                               self.eps_high, dual_clip=self.dual_clip)
+
+    def _penalty_kl(self, logp_new, logp_old, kl):
+        if self.kl_estimator == "analytic":
+            if kl is None:
+                raise ValueError(
+                    f"objective {self.objective!r} with kl_estimator='analytic' needs kl= (the "
+                    "per-state analytic KL(pi_old || pi_new)); pass it or choose a sampled "
+                    "estimator"
+                )
+            return kl
+        return sampled_kl(logp_old, logp_new, self.kl_estimator)
+
+    def _term_clip(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
+        obj = clip_objective(ratio, advantage, self.eps, self.eps_low, self.eps_high,
+                             self.dual_clip)
+        return PolicyTerm(obj, self._clip_beta(ratio, advantage), None)
+
+    def _term_per_sample(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
+        b = per_sample_beta(ratio, advantage, self.eps, self.shape, self.softness, self.eps_low,
+                            self.eps_high, self.softness_low, self.softness_high, self.dual_clip)
+        return PolicyTerm(ratio * advantage + b * logp_new, b, None)
+
+    def _term_kl_penalty(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
+        k = self._penalty_kl(logp_new, logp_old, kl)
+        return PolicyTerm(kl_penalty_objective(ratio, advantage, k, beta), None, k)
+
+    def _term_unclipped(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
+        return PolicyTerm(unclipped_objective(ratio, advantage), None, None)
+
+    def _term_clip_kl(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
+        k = self._penalty_kl(logp_new, logp_old, kl)
+        obj = clip_objective(ratio, advantage, self.eps, self.eps_low, self.eps_high,
+                             self.dual_clip)
+        return PolicyTerm(obj - beta * k, self._clip_beta(ratio, advantage), k)
+
+    # -------------------------------------------------------------------- the loss
+    def __call__(
+        self,
+        logp_new: torch.Tensor,
+        logp_old: torch.Tensor,
+        advantage: torch.Tensor,
+        values: torch.Tensor | None = None,
+        returns: torch.Tensor | None = None,
+        old_values: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
+        kl: torch.Tensor | None = None,
+        beta: float = 0.0,
+    ) -> dict[str, torch.Tensor]:
+        """Loss terms and diagnostics for one minibatch of ``B`` samples.
+
+        Args:
+            logp_new: ``[B]`` log pi_new(a|s), with gradient.
+            logp_old: ``[B]`` log pi_old(a|s) from the rollout.
+            advantage: ``[B]`` advantages.
+            values, returns, old_values: ``[B]`` critic outputs, targets and rollout-time values
+                (for value clipping); omit ``values`` for a policy-only loss.
+            entropy: ``[B]`` per-state entropy of pi_new (with gradient) or None.
+            kl: ``[B]`` per-state analytic KL(pi_old || pi_new) for the analytic estimator.
+            beta: KL coefficient from the controller (``kl_penalty``, ``clip_kl``).
+
+        Returns:
+            ``loss`` (to minimise), ``loss_objective``, ``loss_critic``, ``loss_entropy`` and
+            detached diagnostics (see :func:`klppo.core.diagnostics.policy_diagnostics`, plus
+            ``entropy``, ``explained_variance``, ``value_clip_fraction``, ``kl_penalty``).
+        """
+        check_same_shape(logp_new=logp_new, logp_old=logp_old, advantage=advantage)
+        if kl is not None:
+            check_same_shape(logp_new=logp_new, kl=kl)
+        adv = advantage.detach()
+        if self.normalize_advantage == "minibatch":
+            adv = normalize_advantage(adv)
+        logp_old = logp_old.detach()
+        ratio = torch.exp(logp_new - logp_old)
+        term = self._policy_term(self, ratio, logp_new, logp_old, adv, kl, beta)
+        zero = logp_new.new_zeros(())
+        out: dict[str, torch.Tensor] = {"loss_objective": -term.objective.mean()}
+        diag = policy_diagnostics(logp_new, logp_old, adv, self.eps, self.eps_low, self.eps_high,
+                                  term.beta_t)
+        if term.kl is not None:
+            diag["kl_penalty"] = term.kl.detach().mean()
+        if values is not None:
+            if returns is None:
+                raise ValueError("values given without returns")
+            v_loss, v_clipped = value_loss(values, returns, old_values, self.value_clip,
+                                           self.value_loss_kind)
+            out["loss_critic"] = self.vf_coef * v_loss.mean()
+            diag["value_loss"] = v_loss.detach().mean()
+            diag["value_clip_fraction"] = v_clipped.float().mean()
+            diag["explained_variance"] = explained_variance(values, returns)
+        else:
+            out["loss_critic"] = zero
+        if entropy is not None:
+            check_same_shape(logp_new=logp_new, entropy=entropy)
+            out["loss_entropy"] = -self.ent_coef * entropy.mean()
+            diag["entropy"] = entropy.detach().mean()
+        else:
+            out["loss_entropy"] = zero
+        out["loss"] = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+        out.update(diag)
+        return out
+
+
+#: objective name -> policy-term method. The only dispatch on objective names.
+OBJECTIVES: dict[str, Callable[..., PolicyTerm]] = {
+    "clip": PPOLoss._term_clip,
+    "per_sample_kl": PPOLoss._term_per_sample,
+    "kl_penalty": PPOLoss._term_kl_penalty,
+    "unclipped": PPOLoss._term_unclipped,
+    "clip_kl": PPOLoss._term_clip_kl,
+}
