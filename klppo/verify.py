@@ -89,9 +89,10 @@ def verify(
             logp_new, logp_old, adv = random_batch(bs, gen)
             g_clip, g_tmpl = gradient_pair(logp_new, logp_old, adv)
             diff = (g_clip - g_tmpl).abs()
-            scale = g_clip.abs().max().clamp_min(1e-30)
+            # relative to |w A| / B: the size of the two terms that cancel on a kill sample
+            scale = (torch.exp(logp_new - logp_old) * adv).abs().clamp_min(1e-30) / bs
             max_abs = max(max_abs, float(diff.max()))
-            max_rel = max(max_rel, float(diff.max() / scale))
+            max_rel = max(max_rel, float((diff / scale).max()))
             identical += int(torch.equal(g_clip, g_tmpl))
         checks.append(GradientCheck(bs, batches, max_abs, max_rel, identical))
 
@@ -101,7 +102,8 @@ def verify(
     phi = phi_penalty(ratio, adv)
     diff = (min_form - (ratio * adv - phi)).abs()
     t2 = float(diff.max())
-    t2_rel = float((diff / (ratio * adv).abs().clamp_min(1e-30)).max())
+    scale = torch.maximum((ratio * adv).abs(), min_form.abs()).clamp_min(1e-30)
+    t2_rel = float((diff / scale).max())
     r64, a64 = ratio.double(), adv.double()
     t2_64 = float((clip_objective(r64, a64) - (r64 * a64 - phi_penalty(r64, a64))).abs().max())
     in_, pass_, kill = partition(ratio, adv)

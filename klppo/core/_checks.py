@@ -39,10 +39,18 @@ def check_tensor(name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def check_same_shape(**tensors: torch.Tensor) -> torch.Size:
+    """Raise ValueError unless every tensor is finite and has exactly the same shape."""
+    for name, t in tensors.items():
+        check_tensor(name, t)
+    return check_shapes_only(**tensors)
+
+
+def check_shapes_only(**tensors: torch.Tensor) -> torch.Size:
     """Raise ValueError unless every tensor has exactly the same shape (no broadcasting)."""
     items = list(tensors.items())
     for name, t in items:
-        check_tensor(name, t)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     first_name, first = items[0]
     for name, t in items[1:]:
         if t.shape != first.shape:

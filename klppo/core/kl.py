@@ -4,14 +4,14 @@ Notation: samples ``x ~ q`` (the *sampling* distribution) and ``p`` the other di
 ``log r = log p(x) - log q(x)``. Every sampled estimator below is a per-sample quantity whose mean
 estimates ``KL(q || p) = E_q[log q - log p]``:
 
-==========  ======================  ===========================  =================================
-name        per-sample value        bias                          variance / sign
-==========  ======================  ===========================  =================================
-``k1``      ``-log r``              unbiased                      high; negative on ~half the samples
-``k2``      ``0.5 * (log r)^2``     biased (agrees to 2nd order)  low; always >= 0
-``k3``      ``(r - 1) - log r``     unbiased                      low; always >= 0 (r-1: control var.)
-``abs``     ``|log r|``             biased (upwards)              low; always >= 0
-==========  ======================  ===========================  =================================
+=======  ===================  ============================  ===============================
+name     per-sample value     bias                          variance / sign
+=======  ===================  ============================  ===============================
+``k1``   ``-log r``           unbiased                      high; negative on ~half
+``k2``   ``0.5 (log r)^2``    biased (agrees to 2nd order)  low; always >= 0
+``k3``   ``(r - 1) - log r``  unbiased                      low; >= 0 (r - 1: control var.)
+``abs``  ``|log r|``          biased (upwards)              low; always >= 0
+=======  ===================  ============================  ===============================
 
 Two uses in PPO, with the sampling side made explicit by the argument order of
 :func:`sampled_kl`:
@@ -37,7 +37,7 @@ import torch
 from torch import distributions as D
 from torch.utils.checkpoint import checkpoint
 
-from klppo.core._checks import check_same_shape, check_tensor
+from klppo.core._checks import check_same_shape, check_shapes_only, check_tensor
 
 Estimator = Literal["k1", "k2", "k3", "abs"]
 KLUnit = Literal["per_sample_mean", "per_token_mean", "per_sequence_sum", "per_sequence_mean"]
@@ -197,7 +197,10 @@ def full_kl(
         ``[..., T]`` float32 tensor of per-position KL in nats (a per-token quantity: reduce it
         with :func:`per_token_mean` or :func:`per_sequence_sum` to give it a unit).
     """
-    check_same_shape(logits_p=logits_p, logits_q=logits_q)
+    if mask is None:
+        check_same_shape(logits_p=logits_p, logits_q=logits_q)
+    else:  # padded positions may hold anything; the result is checked instead
+        check_shapes_only(logits_p=logits_p, logits_q=logits_q)
     if logits_p.dim() < 2:
         raise ValueError(f"logits must have shape [..., T, V], got {tuple(logits_p.shape)}")
     if int(chunk_size) < 1:
@@ -231,13 +234,14 @@ def full_kl(
     result = torch.cat(out).reshape(lead)
     if flat_mask is not None:
         result = torch.where(mask.bool(), result, torch.zeros((), device=result.device))
+        check_tensor("full_kl (valid positions)", result)
     return result
 
 
 # ----------------------------------------------------------------------------------- reductions
 def _masked(values: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    check_tensor("values", values)
     if mask is None:
+        check_tensor("values", values)
         return values, torch.ones_like(values, dtype=torch.bool)
     if mask.shape != values.shape:
         raise ValueError(
@@ -245,7 +249,8 @@ def _masked(values: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tens
         )
     m = mask.bool()
     # torch.where, not multiplication: a NaN or inf in a padded slot must not leak into the sum.
-    return torch.where(m, values, torch.zeros((), dtype=values.dtype, device=values.device)), m
+    v = torch.where(m, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    return check_tensor("values (valid positions)", v), m
 
 
 def per_sample_mean(values: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

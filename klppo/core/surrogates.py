@@ -38,15 +38,15 @@ for sequences). Any per-sample surrogate ``f(w, A)`` maps into the template thro
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 
 from klppo.core._checks import check_positive, check_same_shape
 
 Shape = Literal["clip", "asymmetric", "linear_ramp", "sigmoid", "soft_min", "spo"]
-ShapeLike = Union[Shape, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
-Band = Union[float, torch.Tensor]
+ShapeLike = Shape | Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Band = float | torch.Tensor
 
 __all__ = [
     "Shape",

@@ -1,0 +1,123 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from klppo.core.advantages import gae, normalize_advantage
+
+
+def slow_gae(rewards, values, next_values, terminated, truncated, gamma, lam):
+    """Reference: A_t = sum_k (gamma lam)^k delta_{t+k} until the first episode end."""
+    T, N = rewards.shape
+    adv = torch.zeros(T, N, dtype=torch.float64)
+    for n in range(N):
+        for t in range(T):
+            total, coef = 0.0, 1.0
+            for k in range(t, T):
+                nv = 0.0 if terminated[k, n] else float(next_values[k, n])
+                total += coef * (float(rewards[k, n]) + gamma * nv - float(values[k, n]))
+                if terminated[k, n] or truncated[k, n]:
+                    break
+                coef *= gamma * lam
+            adv[t, n] = total
+    return adv
+
+
+def rollout(T, N, gen, p_term=0.1, p_trunc=0.05):
+    r = torch.randn(T, N, generator=gen, dtype=torch.float64)
+    v = torch.randn(T + 1, N, generator=gen, dtype=torch.float64)
+    term = torch.rand(T, N, generator=gen) < p_term
+    trunc = (torch.rand(T, N, generator=gen) < p_trunc) & ~term
+    final_v = torch.randn(T, N, generator=gen, dtype=torch.float64)
+    next_v = torch.where(trunc, final_v, v[1:])
+    return r, v[:-1], next_v, term, trunc
+
+
+def test_hand_computed_small_case():
+    r = torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)
+    v = torch.tensor([[0.5], [1.0], [1.5]], dtype=torch.float64)
+    nv = torch.tensor([[1.0], [1.5], [2.0]], dtype=torch.float64)
+    z = torch.zeros(3, 1, dtype=torch.bool)
+    g, lam = 0.9, 0.8
+    d2 = 3 + g * 2.0 - 1.5
+    d1 = 2 + g * 1.5 - 1.0
+    d0 = 1 + g * 1.0 - 0.5
+    a2 = d2
+    a1 = d1 + g * lam * a2
+    a0 = d0 + g * lam * a1
+    adv, ret = gae(r, v, nv, z, z, g, lam)
+    assert adv[:, 0].tolist() == pytest.approx([a0, a1, a2], abs=1e-12)
+    assert torch.allclose(ret, adv + v)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 4), st.floats(0, 1), st.floats(0, 1), st.integers(0, 999))
+def test_matches_slow_reference(T, N, gamma, lam, seed):
+    gen = torch.Generator().manual_seed(seed)
+    r, v, nv, term, trunc = rollout(T, N, gen, 0.2, 0.1)
+    adv, _ = gae(r, v, nv, term, trunc, gamma, lam)
+    assert torch.allclose(adv, slow_gae(r, v, nv, term, trunc, gamma, lam), atol=1e-10)
+
+
+def test_gamma_lambda_one_gives_monte_carlo_returns():
+    gen = torch.Generator().manual_seed(0)
+    T = 10
+    r = torch.randn(T, 1, generator=gen, dtype=torch.float64)
+    v = torch.randn(T, 1, generator=gen, dtype=torch.float64)
+    term = torch.zeros(T, 1, dtype=torch.bool)
+    term[4] = term[9] = True
+    nv = torch.cat([v[1:], torch.zeros(1, 1, dtype=torch.float64)])
+    _, ret = gae(r, v, nv, term, torch.zeros_like(term), 1.0, 1.0)
+    mc = torch.cat([r[:5].flip(0).cumsum(0).flip(0), r[5:].flip(0).cumsum(0).flip(0)])
+    assert torch.allclose(ret, mc, atol=1e-12)
+
+
+def test_splitting_at_a_terminal_gives_the_same_result():
+    gen = torch.Generator().manual_seed(1)
+    r, v, nv, term, trunc = rollout(20, 3, gen, 0.0, 0.0)
+    term[7] = True
+    whole, _ = gae(r, v, nv, term, trunc, 0.99, 0.95)
+    first, _ = gae(r[:8], v[:8], nv[:8], term[:8], trunc[:8], 0.99, 0.95)
+    second, _ = gae(r[8:], v[8:], nv[8:], term[8:], trunc[8:], 0.99, 0.95)
+    assert torch.allclose(whole[:8], first, atol=1e-12) and torch.allclose(whole[8:], second)
+
+
+def test_truncation_bootstraps_and_termination_does_not():
+    r = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
+    v = torch.tensor([[2.0, 2.0]], dtype=torch.float64)
+    nv = torch.tensor([[10.0, 10.0]], dtype=torch.float64)
+    term = torch.tensor([[True, False]])
+    trunc = torch.tensor([[False, True]])
+    adv, _ = gae(r, v, nv, term, trunc, 0.5, 0.9)
+    assert adv.tolist() == [[1.0 - 2.0, 1.0 + 0.5 * 10.0 - 2.0]]
+
+
+def test_constant_critic_analytic_case():
+    # V = c everywhere, reward 1 each step, no episode end, lambda = 1: A_t = sum gamma^k
+    # - c + gamma^(T-t) c
+    T, g, c = 6, 0.9, 3.0
+    r = torch.ones(T, 1, dtype=torch.float64)
+    v = torch.full((T, 1), c, dtype=torch.float64)
+    z = torch.zeros(T, 1, dtype=torch.bool)
+    adv, _ = gae(r, v, v.clone(), z, z, g, 1.0)
+    for t in range(T):
+        expect = sum(g**k for k in range(T - t)) + g ** (T - t) * c - c
+        assert adv[t, 0].item() == pytest.approx(expect, abs=1e-12)
+
+
+def test_bad_inputs():
+    x = torch.zeros(4, 2)
+    b = torch.zeros(4, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        gae(x, x, torch.zeros(4, 1), b, b)
+    with pytest.raises(ValueError, match="gamma"):
+        gae(x, x, x, b, b, gamma=1.5)
+    with pytest.raises(ValueError, match=r"\[T, N\]"):
+        gae(torch.zeros(4), torch.zeros(4), torch.zeros(4), b[:, 0], b[:, 0])
+
+
+def test_normalize_advantage():
+    a = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    n = normalize_advantage(a)
+    assert n.mean().abs() < 1e-7 and n.std().item() == pytest.approx(1.0, abs=1e-6)
+    assert normalize_advantage(torch.tensor([5.0])).tolist() == [0.0]

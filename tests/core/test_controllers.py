@@ -1,0 +1,187 @@
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from klppo.core.controllers import CONTROLLERS, make_controller
+
+TRACE = [0.05, 0.002, 0.0149, 0.016, 0.0, 0.03, 0.02, 0.1, 0.004, 0.00667]
+
+
+def rllib_reference(trace, kl_coeff=0.2, kl_target=0.01):
+    """RLlib PPO's update_kl, written as RLlib applies it."""
+    out = []
+    for sampled_kl in trace:
+        if sampled_kl > 2.0 * kl_target:
+            kl_coeff *= 1.5
+        elif sampled_kl < 0.5 * kl_target:
+            kl_coeff *= 0.5
+        out.append(kl_coeff)
+    return out
+
+
+def torchrl_reference(trace, beta=1.0, dtarg=0.01, increment=2.0, decrement=0.5):
+    """TorchRL KLPENPPOLoss's coefficient update, as applied at every loss call."""
+    out = []
+    for kl in trace:
+        if kl > dtarg * 1.5:
+            beta *= increment
+        elif kl < dtarg / 1.5:
+            beta *= decrement
+        out.append(beta)
+    return out
+
+
+def trlx_reference(trace, n_steps, init=0.05, target=6.0, horizon=10000):
+    """trlx AdaptiveKLController.update, as trlx applies it (numpy clip to +-0.2)."""
+    value, out = init, []
+    for current, n in zip(trace, n_steps):
+        proportional_error = np.clip(current / target - 1, -0.2, 0.2)
+        mult = 1 + proportional_error * n / horizon
+        value *= mult
+        out.append(value)
+    return out
+
+
+def test_step_ppo_paper_hand_trajectory():
+    c = make_controller("step", preset="ppo_paper", target=0.01)
+    # 0.05 > 0.015: x2 -> 2; 0.002 < 0.00667: /2 -> 1; 0.0149 inside -> 1; 0.016 > .015 -> 2
+    # 0.0 -> 1; 0.03 -> 2; 0.02 -> 4; 0.1 -> 8; 0.004 -> 4; 0.00667 (>= 0.01/1.5) -> 4
+    assert [c.update(d) for d in TRACE] == [2, 1, 1, 2, 1, 2, 4, 8, 4, 4]
+
+
+def test_rllib_preset_matches_rllib_rule():
+    rng = random.Random(0)
+    trace = TRACE + [rng.uniform(0, 0.05) for _ in range(300)]
+    c = make_controller("step", preset="rllib")
+    assert c.value == 0.2 and c.target == 0.01
+    assert [c.update(d) for d in trace] == rllib_reference(trace)
+
+
+def test_torchrl_preset_matches_torchrl_rule():
+    rng = random.Random(1)
+    trace = TRACE + [rng.uniform(0, 0.03) for _ in range(300)]
+    c = make_controller("step", preset="torchrl")
+    assert [c.update(d) for d in trace] == torchrl_reference(trace)
+
+
+def test_klip_preset_bounds_and_defaults():
+    c = make_controller("step", preset="klip")
+    assert (c.value, c.target, c.beta_min, c.beta_max) == (1.0, 0.02, 1e-4, 1e4)
+    for _ in range(40):
+        c.update(1.0)
+    assert c.value == 1e4
+    for _ in range(80):
+        c.update(0.0)
+    assert c.value == 1e-4
+
+
+def test_proportional_matches_trlx_exactly_with_clip():
+    rng = random.Random(2)
+    trace = [rng.uniform(0, 15) for _ in range(500)]
+    n_steps = [rng.randint(1, 512) for _ in range(500)]
+    c = make_controller("proportional", beta=0.05, target=6, horizon=10000)
+    got = [c.update(d, n) for d, n in zip(trace, n_steps)]
+    assert got == trlx_reference(trace, n_steps)
+    c2 = make_controller("proportional", beta=1.0, target=1.0, horizon=10)
+    c2.update(5.0, n_steps=5)  # raw error 4, clipped to 0.2: beta *= 1 + 0.2 * 5 / 10
+    assert c2.value == pytest.approx(1.1) and c2.info.error_clipped
+    assert c2.info.relative_error == pytest.approx(4.0)
+    c2.update(1.05)
+    assert not c2.info.error_clipped
+
+
+def test_exponential_hand_values_and_default_bounds():
+    c = make_controller("exponential", beta=1.0, target=0.01, gain=10.0)
+    assert c.update(0.11) == pytest.approx(math.e)
+    assert c.update(-0.0 + 0.01) == pytest.approx(math.e)
+    assert (c.beta_min, c.beta_max) == (1e-4, 10.0)
+    for _ in range(10):
+        c.update(1.0)
+    assert c.value == 10.0
+
+
+def test_pid_hand_values():
+    c = make_controller("pid", beta=0.5, target=0.1, kp=2.0, ki=3.0, kd=4.0)
+    # step 1: delta 0.1, I = 0.5 + 0.3 = 0.8, D = 0 (no history): beta = 0.2 + 0.8
+    assert c.update(0.2) == pytest.approx(1.0)
+    # step 2: delta 0.2, I = 0.8 + 0.6 = 1.4, D = 0.3 - 0.2 = 0.1: beta = 0.4 + 1.4 + 0.4
+    assert c.update(0.3) == pytest.approx(2.2)
+    # step 3: d = 0, delta -0.1, I = 1.4 - 0.3 = 1.1, D = max(0, -0.3) = 0: beta = -0.2 + 1.1
+    assert c.update(0.0) == pytest.approx(0.9)
+    c2 = make_controller("pid", beta=0.0, target=1.0, kp=1.0, ki=1.0)
+    assert c2.update(0.0) == 0.0  # anti-windup: I clamps at 0 and beta at 0
+    assert c2.integral == 0.0
+
+
+def test_pid_ema_smoothing():
+    c = make_controller("pid", beta=0.0, target=0.0 + 1.0, kp=1.0, ki=0.0, p_ema=0.5)
+    c.update(3.0)  # first delta_s = 2
+    assert c.update(1.0) == pytest.approx(1.0)  # delta_s = 0.5 * 2 + 0.5 * 0 = 1
+
+
+@pytest.mark.parametrize("name", sorted(CONTROLLERS))
+def test_state_dict_round_trip_continues_identically(name):
+    rng = random.Random(3)
+    trace = [rng.uniform(0, 0.05) for _ in range(40)]
+    opts = {"target": 0.02}
+    a = make_controller(name, **opts)
+    for d in trace[:17]:
+        a.update(d, n_steps=3)
+    state = json.loads(json.dumps(a.state_dict()))  # survives a JSON checkpoint
+    b = make_controller(name, **opts)
+    b.load_state_dict(state)
+    assert [a.update(d, 3) for d in trace[17:]] == [b.update(d, 3) for d in trace[17:]]
+    assert a.state_dict() == b.state_dict()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.sampled_from(sorted(CONTROLLERS)),
+       st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=50))
+def test_bounds_always_hold(name, trace):
+    c = make_controller(name, target=0.05, beta=0.5, beta_min=0.1, beta_max=2.0)
+    for d in trace:
+        assert 0.1 <= c.update(d) <= 2.0
+
+
+def test_info_record():
+    c = make_controller("step", preset="ppo_paper", target=0.01)
+    c.update(0.02)
+    i = c.info
+    assert (i.target, i.observed, i.beta_before, i.beta_after) == (0.01, 0.02, 1.0, 2.0)
+    assert i.relative_error == pytest.approx(1.0) and i.beta_change == 2.0
+    assert set(i.as_dict()) >= {"target", "observed", "relative_error", "error_clipped",
+                                "beta_before", "beta_after", "beta_change"}
+
+
+@pytest.mark.parametrize(
+    "name, opts, field",
+    [
+        ("step", {"target": 0.0}, "target"),
+        ("proportional", {"target": -1.0}, "target"),
+        ("proportional", {"horizon": 0}, "horizon"),
+        ("step", {"increase": 0.9}, "increase"),
+        ("step", {"decrease": 1.5}, "decrease"),
+        ("fixed", {"beta_min": 2.0, "beta_max": 1.0}, "beta_min"),
+        ("exponential", {"beta": -1.0}, "beta"),
+        ("step", {"preset": "sb3"}, "preset"),
+        ("pid", {"p_ema": 1.0}, "p_ema"),
+        ("fixed", {"horizon": 3}, "horizon"),
+    ],
+)
+def test_bad_options_name_the_field_and_value(name, opts, field):
+    with pytest.raises(ValueError, match=field):
+        make_controller(name, **opts)
+
+
+def test_non_finite_kl_and_unknown_controller_raise():
+    c = make_controller("fixed", beta=1.0)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="observed_kl"):
+            c.update(bad)
+    with pytest.raises(ValueError, match="controller must be one of"):
+        make_controller("lagrange")
