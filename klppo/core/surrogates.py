@@ -119,10 +119,13 @@ def harm_distance(
     ``A == 0``. ``d > 0`` exactly on the kill set.
     """
     check_same_shape(ratio=ratio, advantage=advantage)
+    return _harm_distance(ratio.detach(), advantage, eps, eps_low, eps_high)
+
+
+def _harm_distance(w, a, eps, eps_low, eps_high) -> torch.Tensor:
     lo, hi = _band(eps, eps_low, eps_high)
-    w = ratio.detach()
-    d = torch.where(advantage > 0, w - (1 + hi), (1 - lo) - w)
-    return torch.where(advantage == 0, torch.full_like(d, -torch.inf), d)
+    d = torch.where(a > 0, w - (1 + hi), (1 - lo) - w)
+    return torch.where(a == 0, torch.full_like(d, -torch.inf), d)
 
 
 def unclipped_objective(ratio: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
@@ -249,7 +252,24 @@ def per_sample_beta(
     check_same_shape(ratio=ratio, advantage=advantage)
     w = ratio.detach()
     a = advantage.detach()
-    wa = w * a
+    return _beta(w, a, w * a, eps, shape, softness, eps_low, eps_high, softness_low,
+                 softness_high, dual_clip)
+
+
+def _beta(
+    w: torch.Tensor,
+    a: torch.Tensor,
+    wa: torch.Tensor,
+    eps: Band,
+    shape: ShapeLike,
+    softness: Band | None,
+    eps_low: Band | None,
+    eps_high: Band | None,
+    softness_low: Band | None,
+    softness_high: Band | None,
+    dual_clip: float | None,
+) -> torch.Tensor:
+    """beta_t from detached, already validated ``w``, ``a`` and ``wa = w * a``."""
     zero = torch.zeros((), dtype=w.dtype, device=w.device)
     if callable(shape):
         beta = shape(w, a)
@@ -262,19 +282,20 @@ def per_sample_beta(
                              and softness_high is None and softness is None):
         if shape == "asymmetric" and eps_high is None:
             eps_high = 0.28
-        _, _, kill = partition(w, a, eps, eps_low, eps_high)
+        lo, hi = _band(eps, eps_low, eps_high)
+        kill = ((w > 1 + hi) & (a > 0)) | ((w < 1 - lo) & (a < 0))
         beta = torch.where(kill, -wa, zero)
     elif shape == "asymmetric":
         if eps_high is None:
             eps_high = 0.28
         s_lo = _softness("asymmetric", softness_low if softness_low is not None else softness)
         s_hi = _softness("asymmetric", softness_high if softness_high is not None else softness)
-        d = harm_distance(w, a, eps, eps_low, eps_high)
+        d = _harm_distance(w, a, eps, eps_low, eps_high)
         gate = torch.where(a > 0, _gate_linear(d, s_hi), _gate_linear(d, s_lo))
         beta = torch.where(a == 0, zero, -wa * gate)
     elif shape in ("linear_ramp", "sigmoid"):
         s = _softness(shape, softness)
-        d = harm_distance(w, a, eps, eps_low, eps_high)
+        d = _harm_distance(w, a, eps, eps_low, eps_high)
         gate = _gate_linear(d, s) if shape == "linear_ramp" else _gate_sigmoid(d, s)
         beta = torch.where(a == 0, zero, -wa * gate)
     elif shape == "soft_min":
@@ -282,11 +303,9 @@ def per_sample_beta(
         # beta_t = w df/dw - wA = -wA * q * (1 - clip'(w)), q = weight of the clipped branch.
         s = _softness(shape, softness)
         lo, hi = _band(eps, eps_low, eps_high)
-        sgn = torch.sign(a)
         clipped = _clamp_band(w, lo, hi)
-        q = torch.sigmoid(torch.clamp((w - clipped) * sgn / s - s, -60.0, 60.0))
-        outside = w != clipped
-        beta = torch.where(outside & (a != 0), -wa * q, zero)
+        q = torch.sigmoid(torch.clamp((w - clipped) * torch.sign(a) / s - s, -60.0, 60.0))
+        beta = torch.where((w != clipped) & (a != 0), -wa * q, zero)
     elif shape == "spo":
         e = eps if not isinstance(eps, torch.Tensor) else eps.detach()
         beta = -a.abs() * w * (w - 1) / e
@@ -340,12 +359,12 @@ def per_sample_kl_objective(
         The per-sample objective (to maximise), and ``beta_t`` if ``return_beta``.
     """
     check_same_shape(logp_new=logp_new, logp_old=logp_old, advantage=advantage)
+    a = advantage.detach()
     ratio = torch.exp(logp_new - logp_old.detach())
-    beta = per_sample_beta(
-        ratio, advantage, eps, shape, softness, eps_low, eps_high, softness_low, softness_high,
-        dual_clip,
-    )
-    obj = ratio * advantage + beta * logp_new
+    wa = ratio * a
+    beta = _beta(ratio.detach(), a, wa.detach(), eps, shape, softness, eps_low, eps_high,
+                 softness_low, softness_high, dual_clip)
+    obj = wa + beta * logp_new
     return (obj, beta) if return_beta else obj
 
 
