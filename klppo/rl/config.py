@@ -1,0 +1,329 @@
+"""Training configuration: one nested dataclass, validated in one place, with named presets.
+
+Every field has a one-line docstring: tyro turns it into ``klppo train --help``. Derived sizes
+are properties, never written back into the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from klppo.core.advantages import NormScope
+from klppo.core.controllers import CONTROLLERS, ControllerName, StepPreset
+from klppo.core.loss import OBJECTIVES, KLEstimatorChoice, Objective
+from klppo.core.surrogates import SHAPES
+from klppo.core.values import ValueLossKind
+
+Cadence = Literal["minibatch", "epoch", "iteration"]
+KLMeasure = Literal["last_minibatch", "epoch_mean", "rollout"]
+EarlyStop = Literal["none", "minibatch", "epoch"]
+
+
+@dataclass
+class RolloutConfig:
+    """Environment vectorisation and normalisation."""
+
+    num_envs: int = 4
+    """parallel environments (vectorised with gymnasium.make_vec)"""
+    num_steps: int = 128
+    """steps per environment per rollout"""
+    vectorization: Literal["auto", "sync", "async"] = "auto"
+    """auto: the env's numpy vector implementation when it has one, else sync"""
+    norm_obs: bool = False
+    """running mean/std observation normalisation (statistics are checkpointed)"""
+    norm_reward: bool = False
+    """scale rewards by the running std of the discounted return"""
+    clip_obs: float = 10.0
+    """clip normalised observations to +-clip_obs"""
+    clip_reward: float = 10.0
+    """clip normalised rewards to +-clip_reward"""
+
+
+@dataclass
+class PPOConfig:
+    """The PPO update: objective knobs, optimiser, epochs."""
+
+    eps: float = 0.2
+    """clip radius (typical 0.1-0.3); also the band of the per-sample template"""
+    eps_low: float | None = None
+    """lower band radius for asymmetric clipping (None: eps)"""
+    eps_high: float | None = None
+    """upper band radius for asymmetric clipping (None: eps; DAPO uses 0.28)"""
+    dual_clip: float | None = None
+    """dual-clip constant c > 1 for negative advantages (None: off; 3 is usual)"""
+    shape: str = "clip"
+    """beta_t shape of per_sample_kl: clip, asymmetric, linear_ramp, sigmoid, soft_min, spo"""
+    softness: float | None = None
+    """softness s of the soft shapes (typical 0.02-0.2)"""
+    kl_estimator: KLEstimatorChoice = "analytic"
+    """KL in the kl_penalty / clip_kl objectives: analytic (closed form per state) or k1/k2/k3/abs"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    update_epochs: int = 10
+    """passes over the rollout per iteration"""
+    minibatch_size: int = 64
+    """samples per minibatch (a power of two makes clip and per_sample_kl bit-identical)"""
+    lr: float = 3e-4
+    """Adam learning rate"""
+    adam_eps: float = 1e-5
+    """Adam epsilon"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0, once per iteration"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip"""
+    vf_coef: float = 0.5
+    """critic loss weight"""
+    value_clip: float | None = 0.2
+    """PPO value clipping radius (None: off)"""
+    value_loss: ValueLossKind = "l2"
+    """critic loss: l2 (0.5 (V-R)^2), l1, smooth_l1"""
+    ent_coef: float = 0.0
+    """entropy bonus weight"""
+    norm_adv: NormScope = "rollout"
+    """advantage normalisation: once per rollout, per minibatch, or none"""
+    target_kl: float | None = None
+    """early-stop threshold on the k3 KL(old || new), nats per sample (None: off)"""
+    early_stop: EarlyStop = "none"
+    """minibatch: skip the step when k3 > 1.5 target_kl (SB3); epoch: stop after the epoch (CleanRL)"""
+
+
+@dataclass
+class KLConfig:
+    """The beta controller of kl_penalty and clip_kl (ignored by other objectives)."""
+
+    controller: ControllerName = "fixed"
+    """fixed, step, proportional, exponential or pid"""
+    beta: float | None = None
+    """initial beta (None: the controller's or preset's default)"""
+    target: float | None = None
+    """target KL in nats per sample (None: the controller's or preset's default)"""
+    preset: StepPreset | None = None
+    """step-rule preset: ppo_paper, rllib, torchrl, klip"""
+    beta_min: float | None = None
+    """lower bound on beta"""
+    beta_max: float | None = None
+    """upper bound on beta"""
+    horizon: float | None = None
+    """proportional rule horizon, in samples"""
+    gain: float | None = None
+    """exponential rule gain"""
+    kp: float | None = None
+    """PID proportional gain"""
+    ki: float | None = None
+    """PID integral gain"""
+    kd: float | None = None
+    """PID derivative gain"""
+    cadence: Cadence = "iteration"
+    """when the controller updates: after every minibatch, epoch, or iteration"""
+    measure: KLMeasure = "rollout"
+    """KL fed to it: last minibatch, epoch mean, or rollout (analytic KL(rollout policy || updated
+    policy) over the whole rollout, the KLip baseline; needs cadence iteration)"""
+
+    def controller_options(self) -> dict[str, Any]:
+        """Options for ``make_controller``: the fields that are set (``preset`` only for step)."""
+        names = ("beta", "target", "beta_min", "beta_max", "horizon", "gain", "kp", "ki", "kd")
+        opts = {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+        if self.controller == "step" and self.preset is not None:
+            opts["preset"] = self.preset
+        return opts
+
+
+@dataclass
+class NetConfig:
+    """Actor-critic network."""
+
+    hidden: tuple[int, ...] = (64, 64)
+    """hidden layer sizes (tanh MLPs)"""
+    shared_trunk: bool = False
+    """one trunk for policy and value (default: separate networks)"""
+    separate_losses: bool = False
+    """with a shared trunk, the trunk learns from the policy loss only"""
+    log_std_init: float = 0.0
+    """initial log-std of Gaussian policies"""
+
+
+@dataclass
+class TrainConfig:
+    """A PPO training run."""
+
+    env: str = "CartPole-v1"
+    """Gymnasium environment id, or module:EnvId to import a user's module first"""
+    objective: Objective = "clip"
+    """clip, per_sample_kl, kl_penalty, unclipped, clip_kl"""
+    seed: int = 0
+    """seed of the networks, the environments, action sampling and minibatch order"""
+    total_steps: int = 100_000
+    """environment steps in total (over all parallel environments)"""
+    out: str | None = None
+    """run directory to create (default: {runs_root}/{env}__{objective}__{seed}__{time})"""
+    runs_root: str = "runs"
+    """parent directory of default run directories"""
+    checkpoint_every: int = 10
+    """iterations between checkpoints (one is always written at the end)"""
+    torch_threads: int = 1
+    """torch intra-op threads (1 is fastest for small networks)"""
+    track: Literal["none", "wandb"] = "none"
+    """also log to Weights & Biases (works with WANDB_MODE=offline)"""
+    tensorboard: bool = True
+    """write TensorBoard events when the tensorboard package is installed"""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per rollout."""
+        return self.rollout.num_envs * self.rollout.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        return max(1, self.total_steps // self.batch_size)
+
+    @property
+    def num_minibatches(self) -> int:
+        return self.batch_size // self.ppo.minibatch_size
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field and the value."""
+
+
+def _bad(field_name: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"{field_name}={value!r}: {why}")
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Check every field once, early; raise :class:`ConfigError` naming the field and value."""
+    r, p, k = cfg.rollout, cfg.ppo, cfg.kl
+    positive_ints = {
+        "total_steps": cfg.total_steps, "checkpoint_every": cfg.checkpoint_every,
+        "torch_threads": cfg.torch_threads, "rollout.num_envs": r.num_envs,
+        "rollout.num_steps": r.num_steps, "ppo.update_epochs": p.update_epochs,
+        "ppo.minibatch_size": p.minibatch_size,
+    }
+    for name, v in positive_ints.items():
+        if not isinstance(v, int) or v < 1:
+            raise _bad(name, v, "must be an integer >= 1")
+    if cfg.objective not in OBJECTIVES:
+        raise _bad("objective", cfg.objective, f"must be one of {sorted(OBJECTIVES)}")
+    if p.shape not in SHAPES:
+        raise _bad("ppo.shape", p.shape, f"must be one of {list(SHAPES)}")
+    if p.shape in ("linear_ramp", "sigmoid", "soft_min") and p.softness is None:
+        raise _bad("ppo.softness", None, f"shape {p.shape!r} needs a softness > 0")
+    if cfg.batch_size % p.minibatch_size:
+        raise _bad("ppo.minibatch_size", p.minibatch_size,
+                   f"must divide the rollout size num_envs * num_steps = {cfg.batch_size}")
+    if cfg.total_steps < cfg.batch_size:
+        raise _bad("total_steps", cfg.total_steps,
+                   f"is less than one rollout (num_envs * num_steps = {cfg.batch_size})")
+    for name, v in (("ppo.eps", p.eps), ("ppo.lr", p.lr), ("ppo.adam_eps", p.adam_eps),
+                    ("ppo.max_grad_norm", p.max_grad_norm), ("rollout.clip_obs", r.clip_obs),
+                    ("rollout.clip_reward", r.clip_reward)):
+        if not (math.isfinite(v) and v > 0):
+            raise _bad(name, v, "must be finite and > 0")
+    for name, v in (("ppo.eps_low", p.eps_low), ("ppo.eps_high", p.eps_high),
+                    ("ppo.softness", p.softness), ("ppo.value_clip", p.value_clip),
+                    ("ppo.target_kl", p.target_kl)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise _bad(name, v, "must be finite and > 0 (or unset)")
+    if p.dual_clip is not None and not p.dual_clip > 1:
+        raise _bad("ppo.dual_clip", p.dual_clip, "must be > 1")
+    for name, v in (("ppo.gamma", p.gamma), ("ppo.gae_lambda", p.gae_lambda)):
+        if not 0 <= v <= 1:
+            raise _bad(name, v, "must be in [0, 1]")
+    for name, v in (("ppo.vf_coef", p.vf_coef), ("ppo.ent_coef", p.ent_coef)):
+        if not (math.isfinite(v) and v >= 0):
+            raise _bad(name, v, "must be finite and >= 0")
+    if p.early_stop != "none" and p.target_kl is None:
+        raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
+    if k.controller not in CONTROLLERS:
+        raise _bad("kl.controller", k.controller, f"must be one of {sorted(CONTROLLERS)}")
+    if k.measure == "rollout" and k.cadence != "iteration":
+        raise _bad("kl.measure", k.measure, "the rollout KL exists once per iteration: "
+                   "use kl.cadence iteration")
+    if k.measure == "epoch_mean" and k.cadence == "minibatch":
+        raise _bad("kl.measure", k.measure, "an epoch mean needs kl.cadence epoch or iteration")
+    if cfg.net.separate_losses and not cfg.net.shared_trunk:
+        raise _bad("net.separate_losses", True, "only applies with net.shared_trunk")
+    if any(h < 1 for h in cfg.net.hidden):
+        raise _bad("net.hidden", cfg.net.hidden, "layer sizes must be >= 1")
+    try:  # the controller validates its own options (names the bad one)
+        from klppo.core.controllers import make_controller
+
+        make_controller(k.controller, **k.controller_options())
+    except ValueError as e:
+        raise ConfigError(f"kl: {e}") from None
+    return cfg
+
+
+# ------------------------------------------------------------------------------------ presets
+def _klip(env: str, envs: int, steps: int, total: int, gamma: float, lam: float, ent: float,
+          norm: bool) -> TrainConfig:
+    return TrainConfig(
+        env=env,
+        total_steps=total,
+        rollout=RolloutConfig(num_envs=envs, num_steps=steps, norm_obs=norm, norm_reward=norm),
+        ppo=PPOConfig(gamma=gamma, gae_lambda=lam, ent_coef=ent, update_epochs=10,
+                      minibatch_size=64, kl_estimator="analytic"),
+        kl=KLConfig(controller="fixed", beta=1.0, preset="klip", cadence="iteration",
+                    measure="rollout"),
+    )
+
+
+#: Preset name -> config factory (SPEC section 5). ``--kl.controller step`` with a klip preset
+#: uses the klip step rule (target 0.02, beta0 1, beta in [1e-4, 1e4]).
+PRESETS: dict[str, Any] = {
+    "klip/cartpole": lambda: _klip("CartPole-v1", 4, 128, 100_000, 0.99, 0.95, 0.0, False),
+    "klip/lunarlander": lambda: _klip("LunarLander-v3", 16, 1024, 1_000_000, 0.999, 0.98, 0.01,
+                                      False),
+    **{
+        f"klip/{name.lower()}": (lambda n=name: _klip(f"{n}-v5", 1, 2048, 1_000_000, 0.99, 0.95,
+                                                      0.0, True))
+        for name in ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid")
+    },
+}
+
+
+def preset(name: str) -> TrainConfig:
+    """A fresh config for a named preset."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ConfigError(f"preset={name!r}: unknown; choose one of {sorted(PRESETS)}") from None
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    d = dataclasses.asdict(cfg)
+    d["net"]["hidden"] = list(cfg.net.hidden)
+    return d
+
+
+def from_dict(d: dict[str, Any], base: TrainConfig | None = None) -> TrainConfig:
+    """Overlay a (possibly partial) nested dict onto ``base``; unknown keys are errors."""
+    cfg = base if base is not None else TrainConfig()
+    return _overlay(cfg, d, "")
+
+
+def _overlay(obj: Any, d: dict[str, Any], prefix: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    changes = {}
+    for key, value in d.items():
+        name = key.replace("-", "_")
+        if name not in fields:
+            raise ConfigError(f"{prefix}{key}: unknown config field; known: {sorted(fields)}")
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise _bad(prefix + name, value, "must be a mapping")
+            changes[name] = _overlay(current, value, f"{prefix}{name}.")
+        elif name == "hidden":
+            changes[name] = tuple(int(h) for h in value)
+        else:
+            changes[name] = value
+    return dataclasses.replace(obj, **changes)

@@ -1,0 +1,179 @@
+"""Gymnasium side: the vector-env factory, same-step autoreset, running normalisers.
+
+Every vector env klppo steps follows gymnasium's SAME_STEP autoreset convention: when a
+sub-environment ends at step t, the observation returned at t is already the first observation of
+the next episode, and the last observation of the finished episode is in ``info["final_obs"]``
+(masked by ``info["_final_obs"]``). So every stored transition is a real one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+__all__ = ["EnvError", "make_vector_env", "RunningMeanStd", "ObsNormalizer", "RewardScaler"]
+
+#: gymnasium extra that provides an env family, for the error message of a failed import.
+_EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}
+
+
+class EnvError(ValueError):
+    """The environment cannot be made; the message says why and what to do."""
+
+
+def _resolve_id(env_id: str) -> str:
+    if ":" in env_id:
+        module, _, name = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise EnvError(f"env={env_id!r}: cannot import module {module!r}: {e}") from None
+        env_id = name
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise EnvError(f"env={env_id!r}: not a registered Gymnasium environment{hint}")
+    return env_id
+
+
+def _missing_extra(env_id: str, err: Exception) -> EnvError:
+    spec = gym.spec(env_id)
+    entry = str(spec.entry_point)
+    for key, extra in _EXTRAS.items():
+        if key in entry:
+            return EnvError(
+                f"env={env_id!r} needs the {extra} extra: pip install 'klppo[{extra}]' "
+                f"(or pip install 'gymnasium[{extra}]'); import failed with: {err}"
+            )
+    return EnvError(f"env={env_id!r}: cannot be created: {err}")
+
+
+class CartPoleSameStep(gym.vector.VectorWrapper):
+    """Fast path: gymnasium's numpy CartPole vector env with SAME_STEP autoreset.
+
+    ``CartPoleVectorEnv`` (0.7M steps/s for 64 envs) only implements NEXT_STEP autoreset. This
+    wrapper resets finished sub-environments in the same step, exactly as the env's own reset
+    does (uniform(-0.05, 0.05) state from the env's generator, step counter 0), and reports the
+    finished episode's last observation in ``info["final_obs"]``.
+    """
+
+    def __init__(self, env: gym.vector.VectorEnv) -> None:
+        super().__init__(env)
+        self.metadata = {**env.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def step(self, actions):
+        obs, rew, term, trunc, info = self.env.step(actions)
+        done = term | trunc
+        if done.any():
+            base = self.env.unwrapped
+            final = np.empty(self.num_envs, dtype=object)
+            for i in np.flatnonzero(done):
+                final[i] = obs[i].copy()
+            k = int(done.sum())
+            base.state[:, done] = base.np_random.uniform(low=base.low, high=base.high, size=(4, k))
+            base.steps[done] = 0
+            base.prev_done[:] = False
+            obs = obs.copy()
+            obs[done] = base.state[:, done].T.astype(np.float32)
+            info = {**info, "final_obs": final, "_final_obs": done.copy()}
+        return obs, rew, term, trunc, info
+
+
+def make_vector_env(
+    env_id: str, num_envs: int, seed: int, vectorization: str = "auto"
+) -> gym.vector.VectorEnv:
+    """A seeded vector env with SAME_STEP autoreset.
+
+    ``vectorization``: ``auto`` uses the env's numpy vector implementation where klppo has a
+    same-step adapter for it (CartPole), else ``sync``; ``sync`` / ``async`` force gymnasium's
+    Sync/AsyncVectorEnv. Raises :class:`EnvError` with close matches for an unknown id and the
+    pip command for a missing extra.
+    """
+    env_id = _resolve_id(env_id)
+    spec = gym.spec(env_id)
+    try:
+        if vectorization == "auto" and env_id.startswith("CartPole") and spec.vector_entry_point:
+            env = CartPoleSameStep(gym.make_vec(env_id, num_envs,
+                                                vectorization_mode="vector_entry_point"))
+        else:
+            mode = "async" if vectorization == "async" else "sync"
+            env = gym.make_vec(env_id, num_envs, vectorization_mode=mode,
+                               vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    except (ImportError, gym.error.DependencyNotInstalled) as e:
+        raise _missing_extra(env_id, e) from None
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    return env
+
+
+class RunningMeanStd:
+    """Running mean and variance (parallel Welford / Chan et al.), float64."""
+
+    def __init__(self, shape: tuple[int, ...] = ()) -> None:
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = 1e-4
+
+    def update(self, x: np.ndarray) -> None:
+        batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean = self.mean + delta * n / total
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
+        self.var = m2 / total
+        self.count = total
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.mean, self.var, self.count = np.array(s["mean"]), np.array(s["var"]), s["count"]
+
+
+class ObsNormalizer:
+    """``clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)`` with running statistics."""
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0) -> None:
+        self.rms = RunningMeanStd(shape)
+        self.clip = clip
+
+    def __call__(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
+        if update:
+            self.rms.update(obs)
+        return self.normalize(obs)
+
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
+        out = (obs - self.rms.mean) / np.sqrt(self.rms.var + 1e-8)
+        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+
+
+class RewardScaler:
+    """Divide rewards by the running std of the discounted return (gymnasium's NormalizeReward).
+
+    The return accumulator restarts at every episode end (terminated or truncated).
+    """
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0) -> None:
+        self.rms = RunningMeanStd(())
+        self.ret = np.zeros(num_envs, np.float64)
+        self.gamma = gamma
+        self.clip = clip
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.ret = self.ret * self.gamma + reward
+        self.rms.update(self.ret)
+        out = reward / np.sqrt(self.rms.var + 1e-8)
+        self.ret[done] = 0.0
+        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rms": self.rms.state_dict(), "ret": self.ret.copy()}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.rms.load_state_dict(s["rms"])
+        self.ret = np.array(s["ret"])

@@ -1,0 +1,171 @@
+"""Rollout collection into preallocated buffers, with episode statistics and bootstrapping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from klppo.nn.actor_critic import ActorCritic
+from klppo.nn.distributions import DiagGaussianHead
+from klppo.rl.envs import ObsNormalizer, RewardScaler
+
+__all__ = ["NonFiniteEnvError", "RolloutBuffer", "Collector", "EpisodeStats"]
+
+
+class NonFiniteEnvError(RuntimeError):
+    """The environment returned NaN or infinite observations or rewards."""
+
+
+@dataclass
+class RolloutBuffer:
+    """``[T, N, ...]`` tensors of one rollout, allocated once."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logp: torch.Tensor
+    params: torch.Tensor
+    values: torch.Tensor
+    next_values: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+
+    @classmethod
+    def allocate(cls, T: int, N: int, obs_dim: int, act_shape: tuple[int, ...], act_dtype,
+                 param_dim: int) -> RolloutBuffer:
+        f = torch.float32
+        return cls(
+            obs=torch.zeros(T, N, obs_dim, dtype=f),
+            actions=torch.zeros(T, N, *act_shape, dtype=act_dtype),
+            logp=torch.zeros(T, N, dtype=f),
+            params=torch.zeros(T, N, param_dim, dtype=f),
+            values=torch.zeros(T, N, dtype=f),
+            next_values=torch.zeros(T, N, dtype=f),
+            rewards=torch.zeros(T, N, dtype=f),
+            terminated=torch.zeros(T, N, dtype=torch.bool),
+            truncated=torch.zeros(T, N, dtype=torch.bool),
+        )
+
+
+@dataclass
+class EpisodeStats:
+    """Returns and lengths of the training episodes that ended during one rollout (raw rewards,
+    before any normalisation)."""
+
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+
+class Collector:
+    """Steps a SAME_STEP-autoreset vector env with the current policy.
+
+    Actions are sampled with a dedicated ``torch.Generator`` (checkpointed). Box actions are
+    clipped to the action space for the env while the buffer keeps the unclipped action and its
+    log-probability. Truncated steps store ``V(final observation)`` in ``next_values``.
+    """
+
+    def __init__(self, env: gym.vector.VectorEnv, agent: ActorCritic, num_steps: int,
+                 generator: torch.Generator, obs_norm: ObsNormalizer | None,
+                 reward_scaler: RewardScaler | None) -> None:
+        self.env = env
+        self.agent = agent
+        self.head = agent.head
+        self.T, self.N = num_steps, env.num_envs
+        self.gen = generator
+        self.obs_norm = obs_norm
+        self.reward_scaler = reward_scaler
+        obs_space = env.single_observation_space
+        self.obs_dim = int(np.prod(obs_space.shape))
+        act_space = env.single_action_space
+        self.box = isinstance(self.head, DiagGaussianHead)
+        if self.box:
+            self.act_low = act_space.low.astype(np.float32)
+            self.act_high = act_space.high.astype(np.float32)
+        act_shape = tuple(act_space.shape) if self.box else ()
+        act_dtype = torch.float32 if self.box else torch.int64
+        self.buf = RolloutBuffer.allocate(self.T, self.N, self.obs_dim, act_shape, act_dtype,
+                                          self.head.param_dim)
+        self.ep_return = np.zeros(self.N, np.float64)
+        self.ep_length = np.zeros(self.N, np.int64)
+        self.next_obs: np.ndarray | None = None
+
+    def reset(self, seed: int) -> None:
+        obs, _ = self.env.reset(seed=seed)
+        self.next_obs = self._prep_obs(obs, update=True)
+
+    def _prep_obs(self, obs: np.ndarray, update: bool) -> np.ndarray:
+        obs = np.asarray(obs, dtype=np.float32).reshape(self.N if obs.ndim > 1 else -1, -1)
+        return self.obs_norm(obs, update) if self.obs_norm is not None else obs
+
+    def _check(self, obs: np.ndarray, rew: np.ndarray, iteration: int, t: int) -> None:
+        if not np.isfinite(obs).all():
+            raise NonFiniteEnvError(f"iteration {iteration}, step {t}: the environment returned "
+                                    f"a non-finite observation")
+        if not np.isfinite(rew).all():
+            raise NonFiniteEnvError(f"iteration {iteration}, step {t}: the environment returned "
+                                    f"a non-finite reward")
+
+    @torch.inference_mode()
+    def collect(self, iteration: int) -> EpisodeStats:
+        b, stats = self.buf, EpisodeStats()
+        trunc_final: list[tuple[int, int, np.ndarray]] = []
+        for t in range(self.T):
+            obs_t = torch.from_numpy(self.next_obs)
+            params, value = self.agent(obs_t)
+            action = self.head.sample(params, self.gen)
+            b.obs[t] = obs_t
+            b.actions[t] = action
+            b.logp[t] = self.head.log_prob(params, action)
+            b.params[t] = params
+            b.values[t] = value
+            env_action = action.numpy()
+            if self.box:
+                env_action = np.clip(env_action, self.act_low, self.act_high)
+            obs, rew, term, trunc, info = self.env.step(env_action)
+            rew = np.asarray(rew, dtype=np.float64)
+            self._check(obs, rew, iteration, t)
+            done = term | trunc
+            self.ep_return += rew
+            self.ep_length += 1
+            if done.any():
+                for i in np.flatnonzero(done):
+                    stats.returns.append(float(self.ep_return[i]))
+                    stats.lengths.append(int(self.ep_length[i]))
+                    if trunc[i] and not term[i]:
+                        final = np.asarray(info["final_obs"][i], dtype=np.float32)
+                        self._check(final, rew, iteration, t)
+                        trunc_final.append((t, int(i), final))
+                self.ep_return[done] = 0.0
+                self.ep_length[done] = 0
+            if self.reward_scaler is not None:
+                rew = self.reward_scaler(rew, done)
+            b.rewards[t] = torch.from_numpy(np.asarray(rew, dtype=np.float32))
+            b.terminated[t] = torch.from_numpy(np.asarray(term))
+            b.truncated[t] = torch.from_numpy(np.asarray(trunc & ~term))
+            self.next_obs = self._prep_obs(obs, update=True)
+        # bootstrap values: V(s_{t+1}) inside the rollout, V(next obs) after it, V(final obs)
+        # where an episode was truncated
+        b.next_values[:-1] = b.values[1:]
+        b.next_values[-1] = self.agent.value(torch.from_numpy(self.next_obs))
+        if trunc_final:
+            finals = np.stack([f for _, _, f in trunc_final])
+            if self.obs_norm is not None:
+                finals = self.obs_norm.normalize(finals)
+            v = self.agent.value(torch.from_numpy(finals))
+            for k, (t, i, _) in enumerate(trunc_final):
+                b.next_values[t, i] = v[k]
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_obs": self.next_obs.copy(), "ep_return": self.ep_return.copy(),
+                "ep_length": self.ep_length.copy(), "generator": self.gen.get_state()}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.next_obs = np.array(s["next_obs"], dtype=np.float32)
+        self.ep_return = np.array(s["ep_return"])
+        self.ep_length = np.array(s["ep_length"])
+        self.gen.set_state(s["generator"])
