@@ -163,6 +163,7 @@ class PPOLoss:
         entropy: torch.Tensor | None = None,
         kl: torch.Tensor | None = None,
         beta: float = 0.0,
+        diagnostics: bool = True,
     ) -> dict[str, torch.Tensor]:
         """Loss terms and diagnostics for one minibatch of ``B`` samples.
 
@@ -175,6 +176,8 @@ class PPOLoss:
             entropy: ``[B]`` per-state entropy of pi_new (with gradient) or None.
             kl: ``[B]`` per-state analytic KL(pi_old || pi_new) for the analytic estimator.
             beta: KL coefficient from the controller (``kl_penalty``, ``clip_kl``).
+            diagnostics: compute the detached diagnostics (a training loop that computes them
+                once per iteration over all minibatches passes False).
 
         Returns:
             ``loss`` (to minimise), ``loss_objective``, ``loss_critic``, ``loss_entropy`` and
@@ -192,8 +195,10 @@ class PPOLoss:
         term = self._policy_term(self, ratio, logp_new, logp_old, adv, kl, beta)
         zero = logp_new.new_zeros(())
         out: dict[str, torch.Tensor] = {"loss_objective": -term.objective.mean()}
-        diag = policy_diagnostics(logp_new, logp_old, adv, self.eps, self.eps_low, self.eps_high,
-                                  term.beta_t)
+        diag: dict[str, torch.Tensor] = {}
+        if diagnostics:
+            diag = policy_diagnostics(logp_new, logp_old, adv, self.eps, self.eps_low,
+                                      self.eps_high, term.beta_t)
         if term.kl is not None:
             diag["kl_penalty"] = term.kl.detach().mean()
         if values is not None:
@@ -202,15 +207,17 @@ class PPOLoss:
             v_loss, v_clipped = value_loss(values, returns, old_values, self.value_clip,
                                            self.value_loss_kind)
             out["loss_critic"] = self.vf_coef * v_loss.mean()
-            diag["value_loss"] = v_loss.detach().mean()
-            diag["value_clip_fraction"] = v_clipped.float().mean()
-            diag["explained_variance"] = explained_variance(values, returns)
+            if diagnostics:
+                diag["value_loss"] = v_loss.detach().mean()
+                diag["value_clip_fraction"] = v_clipped.float().mean()
+                diag["explained_variance"] = explained_variance(values, returns)
         else:
             out["loss_critic"] = zero
         if entropy is not None:
             check_same_shape(logp_new=logp_new, entropy=entropy)
             out["loss_entropy"] = -self.ent_coef * entropy.mean()
-            diag["entropy"] = entropy.detach().mean()
+            if diagnostics:
+                diag["entropy"] = entropy.detach().mean()
         else:
             out["loss_entropy"] = zero
         out["loss"] = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]

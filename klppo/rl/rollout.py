@@ -11,6 +11,7 @@ import torch
 
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.distributions import DiagGaussianHead
+from klppo.nn.runners import make_runner
 from klppo.rl.envs import ObsNormalizer, RewardScaler
 
 __all__ = ["NonFiniteEnvError", "RolloutBuffer", "Collector", "EpisodeStats"]
@@ -22,7 +23,8 @@ class NonFiniteEnvError(RuntimeError):
 
 @dataclass
 class RolloutBuffer:
-    """``[T, N, ...]`` tensors of one rollout, allocated once."""
+    """``[T, N, ...]`` tensors of one rollout, allocated once. Each tensor shares memory with a
+    numpy array (``np_*``) that the collector writes step by step."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -37,18 +39,23 @@ class RolloutBuffer:
     @classmethod
     def allocate(cls, T: int, N: int, obs_dim: int, act_shape: tuple[int, ...], act_dtype,
                  param_dim: int) -> RolloutBuffer:
-        f = torch.float32
+        f = np.float32
+        z = lambda *shape, dtype=f: torch.from_numpy(np.zeros(shape, dtype))  # noqa: E731
         return cls(
-            obs=torch.zeros(T, N, obs_dim, dtype=f),
-            actions=torch.zeros(T, N, *act_shape, dtype=act_dtype),
-            logp=torch.zeros(T, N, dtype=f),
-            params=torch.zeros(T, N, param_dim, dtype=f),
-            values=torch.zeros(T, N, dtype=f),
-            next_values=torch.zeros(T, N, dtype=f),
-            rewards=torch.zeros(T, N, dtype=f),
-            terminated=torch.zeros(T, N, dtype=torch.bool),
-            truncated=torch.zeros(T, N, dtype=torch.bool),
+            obs=z(T, N, obs_dim),
+            actions=z(T, N, *act_shape, dtype=act_dtype),
+            logp=z(T, N),
+            params=z(T, N, param_dim),
+            values=z(T, N),
+            next_values=z(T, N),
+            rewards=z(T, N),
+            terminated=z(T, N, dtype=np.bool_),
+            truncated=z(T, N, dtype=np.bool_),
         )
+
+    def numpy(self) -> dict[str, np.ndarray]:
+        """Zero-copy numpy views of every field."""
+        return {k: getattr(self, k).numpy() for k in self.__dataclass_fields__}
 
 
 @dataclass
@@ -63,19 +70,20 @@ class EpisodeStats:
 class Collector:
     """Steps a SAME_STEP-autoreset vector env with the current policy.
 
-    Actions are sampled with a dedicated ``torch.Generator`` (checkpointed). Box actions are
+    Actions come from a runner (:mod:`klppo.nn.runners`) with its own seeded generator
+    (checkpointed). Box actions are
     clipped to the action space for the env while the buffer keeps the unclipped action and its
     log-probability. Truncated steps store ``V(final observation)`` in ``next_values``.
     """
 
-    def __init__(self, env: gym.vector.VectorEnv, agent: ActorCritic, num_steps: int,
-                 generator: torch.Generator, obs_norm: ObsNormalizer | None,
-                 reward_scaler: RewardScaler | None) -> None:
+    def __init__(self, env: gym.vector.VectorEnv, agent: ActorCritic, num_steps: int, seed: int,
+                 obs_norm: ObsNormalizer | None, reward_scaler: RewardScaler | None,
+                 fast: bool = True) -> None:
         self.env = env
         self.agent = agent
         self.head = agent.head
         self.T, self.N = num_steps, env.num_envs
-        self.gen = generator
+        self.runner = make_runner(agent, seed, fast)
         self.obs_norm = obs_norm
         self.reward_scaler = reward_scaler
         obs_space = env.single_observation_space
@@ -86,9 +94,10 @@ class Collector:
             self.act_low = act_space.low.astype(np.float32)
             self.act_high = act_space.high.astype(np.float32)
         act_shape = tuple(act_space.shape) if self.box else ()
-        act_dtype = torch.float32 if self.box else torch.int64
+        act_dtype = np.float32 if self.box else np.int64
         self.buf = RolloutBuffer.allocate(self.T, self.N, self.obs_dim, act_shape, act_dtype,
                                           self.head.param_dim)
+        self.np = self.buf.numpy()
         self.ep_return = np.zeros(self.N, np.float64)
         self.ep_length = np.zeros(self.N, np.int64)
         self.next_obs: np.ndarray | None = None
@@ -109,22 +118,18 @@ class Collector:
             raise NonFiniteEnvError(f"iteration {iteration}, step {t}: the environment returned "
                                     f"a non-finite reward")
 
-    @torch.inference_mode()
     def collect(self, iteration: int) -> EpisodeStats:
-        b, stats = self.buf, EpisodeStats()
+        b, stats = self.np, EpisodeStats()
         trunc_final: list[tuple[int, int, np.ndarray]] = []
         for t in range(self.T):
-            obs_t = torch.from_numpy(self.next_obs)
-            params, value = self.agent(obs_t)
-            action = self.head.sample(params, self.gen)
-            b.obs[t] = obs_t
-            b.actions[t] = action
-            b.logp[t] = self.head.log_prob(params, action)
-            b.params[t] = params
-            b.values[t] = value
-            env_action = action.numpy()
-            if self.box:
-                env_action = np.clip(env_action, self.act_low, self.act_high)
+            obs_t = self.next_obs
+            action, logp, params, value = self.runner.act(obs_t)
+            b["obs"][t] = obs_t
+            b["actions"][t] = action
+            b["logp"][t] = logp
+            b["params"][t] = params
+            b["values"][t] = value
+            env_action = np.clip(action, self.act_low, self.act_high) if self.box else action
             obs, rew, term, trunc, info = self.env.step(env_action)
             rew = np.asarray(rew, dtype=np.float64)
             self._check(obs, rew, iteration, t)
@@ -136,36 +141,36 @@ class Collector:
                     stats.returns.append(float(self.ep_return[i]))
                     stats.lengths.append(int(self.ep_length[i]))
                     if trunc[i] and not term[i]:
-                        final = np.asarray(info["final_obs"][i], dtype=np.float32)
+                        final = np.asarray(info["final_obs"][i], dtype=np.float32).reshape(-1)
                         self._check(final, rew, iteration, t)
                         trunc_final.append((t, int(i), final))
                 self.ep_return[done] = 0.0
                 self.ep_length[done] = 0
             if self.reward_scaler is not None:
                 rew = self.reward_scaler(rew, done)
-            b.rewards[t] = torch.from_numpy(np.asarray(rew, dtype=np.float32))
-            b.terminated[t] = torch.from_numpy(np.asarray(term))
-            b.truncated[t] = torch.from_numpy(np.asarray(trunc & ~term))
+            b["rewards"][t] = rew
+            b["terminated"][t] = term
+            b["truncated"][t] = trunc & ~term
             self.next_obs = self._prep_obs(obs, update=True)
         # bootstrap values: V(s_{t+1}) inside the rollout, V(next obs) after it, V(final obs)
         # where an episode was truncated
-        b.next_values[:-1] = b.values[1:]
-        b.next_values[-1] = self.agent.value(torch.from_numpy(self.next_obs))
+        b["next_values"][:-1] = b["values"][1:]
+        b["next_values"][-1] = self.runner.value(self.next_obs)
         if trunc_final:
             finals = np.stack([f for _, _, f in trunc_final])
             if self.obs_norm is not None:
                 finals = self.obs_norm.normalize(finals)
-            v = self.agent.value(torch.from_numpy(finals))
+            v = self.runner.value(finals)
             for k, (t, i, _) in enumerate(trunc_final):
-                b.next_values[t, i] = v[k]
+                b["next_values"][t, i] = v[k]
         return stats
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_obs": self.next_obs.copy(), "ep_return": self.ep_return.copy(),
-                "ep_length": self.ep_length.copy(), "generator": self.gen.get_state()}
+                "ep_length": self.ep_length.copy(), "runner": self.runner.state_dict()}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.next_obs = np.array(s["next_obs"], dtype=np.float32)
         self.ep_return = np.array(s["ep_return"])
         self.ep_length = np.array(s["ep_length"])
-        self.gen.set_state(s["generator"])
+        self.runner.load_state_dict(s["runner"])

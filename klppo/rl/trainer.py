@@ -92,8 +92,7 @@ class _Trainer:
         self.obs_norm = ObsNormalizer((obs_dim,), r.clip_obs) if r.norm_obs else None
         self.rew_scale = (RewardScaler(r.num_envs, cfg.ppo.gamma, r.clip_reward)
                           if r.norm_reward else None)
-        self.collector = Collector(self.env, self.agent, r.num_steps,
-                                   torch.Generator().manual_seed(cfg.seed + 1),
+        self.collector = Collector(self.env, self.agent, r.num_steps, cfg.seed + 1,
                                    self.obs_norm, self.rew_scale)
         self.learner = Learner(cfg, self.agent, self.controller,
                                torch.Generator().manual_seed(cfg.seed + 2))
