@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="klppo", description="KL-controlled policy optimisation toolkit."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", help="train PPO on a Gymnasium env (klppo train --help)",
+                   add_help=False)
     p = sub.add_parser("verify", help="check Theorems 1 and 2 and the controllers on random data")
     p.add_argument("--seed", type=int, default=0, help="seed of the random batches")
     p.add_argument("--batches", type=int, default=200, help="random batches per batch size")
@@ -48,8 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: sub-commands with their own argument parsing (the rest of argv is passed through)
+PASSTHROUGH: dict[str, str] = {"train": "klppo.cli_train:run_train"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    import importlib
+    import logging
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if argv and argv[0] in PASSTHROUGH:
+        module, _, func = PASSTHROUGH[argv[0]].partition(":")
+        return getattr(importlib.import_module(module), func)(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

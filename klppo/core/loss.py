@@ -106,6 +106,7 @@ class PPOLoss:
         self.ent_coef = ent_coef
         self.normalize_advantage = normalize_advantage
         self._policy_term = OBJECTIVES[objective]
+        self._want_beta = True
 
     @property
     def needs_analytic_kl(self) -> bool:
@@ -131,7 +132,8 @@ class PPOLoss:
     def _term_clip(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
         obj = clip_objective(ratio, advantage, self.eps, self.eps_low, self.eps_high,
                              self.dual_clip)
-        return PolicyTerm(obj, self._clip_beta(ratio, advantage), None)
+        return PolicyTerm(obj, self._clip_beta(ratio, advantage) if self._want_beta else None,
+                          None)
 
     def _term_per_sample(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
         b = per_sample_beta(ratio, advantage, self.eps, self.shape, self.softness, self.eps_low,
@@ -149,7 +151,8 @@ class PPOLoss:
         k = self._penalty_kl(logp_new, logp_old, kl)
         obj = clip_objective(ratio, advantage, self.eps, self.eps_low, self.eps_high,
                              self.dual_clip)
-        return PolicyTerm(obj - beta * k, self._clip_beta(ratio, advantage), k)
+        b = self._clip_beta(ratio, advantage) if self._want_beta else None
+        return PolicyTerm(obj - beta * k, b, k)
 
     # -------------------------------------------------------------------- the loss
     def __call__(
@@ -192,6 +195,7 @@ class PPOLoss:
             adv = normalize_advantage(adv)
         logp_old = logp_old.detach()
         ratio = torch.exp(logp_new - logp_old)
+        self._want_beta = diagnostics  # clip's beta_t is only a diagnostic
         term = self._policy_term(self, ratio, logp_new, logp_old, adv, kl, beta)
         zero = logp_new.new_zeros(())
         out: dict[str, torch.Tensor] = {"loss_objective": -term.objective.mean()}

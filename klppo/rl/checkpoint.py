@@ -42,12 +42,19 @@ def pickle_env(env: Any) -> bytes | None:
     Without it a resumed run restarts its episodes and is no longer bit-identical to an
     uninterrupted one; that is logged, not fatal.
     """
-    try:
+    base = getattr(env, "unwrapped", env)
+    fns = getattr(base, "env_fns", None)  # Sync/AsyncVectorEnv keep the closures that built
+    try:                                   # the envs; they are only needed at construction
+        if fns is not None:
+            base.env_fns = None
         return pickle.dumps(env)
     except Exception as e:  # noqa: BLE001 - any env may refuse pickling in its own way
         log.warning("environment state cannot be checkpointed (%s); a resumed run will start "
                     "new episodes", e)
         return None
+    finally:
+        if fns is not None:
+            base.env_fns = fns
 
 
 def unpickle_env(data: bytes) -> Any:

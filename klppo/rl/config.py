@@ -59,7 +59,7 @@ class PPOConfig:
     softness: float | None = None
     """softness s of the soft shapes (typical 0.02-0.2)"""
     kl_estimator: KLEstimatorChoice = "analytic"
-    """KL in the kl_penalty / clip_kl objectives: analytic (closed form per state) or k1/k2/k3/abs"""
+    """KL of kl_penalty / clip_kl: analytic (closed form per state) or k1, k2, k3, abs"""
     gamma: float = 0.99
     """discount factor"""
     gae_lambda: float = 0.95
@@ -89,7 +89,7 @@ class PPOConfig:
     target_kl: float | None = None
     """early-stop threshold on the k3 KL(old || new), nats per sample (None: off)"""
     early_stop: EarlyStop = "none"
-    """minibatch: skip the step when k3 > 1.5 target_kl (SB3); epoch: stop after the epoch (CleanRL)"""
+    """minibatch: skip the step if k3 > 1.5 target_kl (SB3); epoch: stop after it (CleanRL)"""
 
 
 @dataclass

@@ -27,7 +27,7 @@ from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
 from klppo.rl import checkpoint as ckpt
 from klppo.rl.config import TrainConfig, from_dict, to_dict, validate
-from klppo.rl.envs import ObsNormalizer, RewardScaler, make_vector_env
+from klppo.rl.envs import ObsNormalizer, RewardScaler, _resolve_id, make_vector_env
 from klppo.rl.rollout import Collector, NonFiniteEnvError
 from klppo.rl.update import Batch, Learner
 from klppo.runs import metrics as M
@@ -282,6 +282,7 @@ def train(config: TrainConfig,
           on_iteration: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Train from scratch into a new run directory (``config.out`` or a default name)."""
     validate(config)
+    _resolve_id(config.env)  # an unknown env fails before any directory is created
     out = config.out or str(Path(config.runs_root) /
                             R.default_run_name(config.env, config.objective, config.seed))
     run_dir = R.create_run_dir(out)

@@ -100,8 +100,10 @@ class Learner:
                     idx = perm[start:start + mb]
                     params, values = self.agent(batch.obs[idx])
                     logp_new = self.head.log_prob(params, batch.actions[idx])
-                    entropy = self.head.entropy(params)
-                    kl = self.head.kl(batch.params[idx], params)
+                    with torch.set_grad_enabled(p.ent_coef > 0):
+                        entropy = self.head.entropy(params)
+                    with torch.set_grad_enabled(needs_kl):
+                        kl = self.head.kl(batch.params[idx], params)
                     beta = self.controller.value if self.uses_beta else 0.0
                     out = self.loss(logp_new, batch.logp[idx], adv[idx], values,
                                     batch.returns[idx], batch.values[idx], entropy,

@@ -1,0 +1,96 @@
+"""``klppo train``: presets and YAML supply defaults, tyro flags override them."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import Any
+
+USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [FLAGS...]
+       klppo train --resume RUN_DIR
+
+Presets: klip/cartpole, klip/lunarlander, klip/halfcheetah, klip/hopper, klip/walker2d,
+klip/ant, klip/humanoid. Every flag of the config is listed by `klppo train --help`."""
+
+
+class Progress:
+    """A progress bar on a terminal, periodic log lines otherwise."""
+
+    def __init__(self, total: int, start: int = 0) -> None:
+        self.total = total
+        self.tty = sys.stdout.isatty()
+        self.every = max(1, total // 20)
+        self.t0 = time.perf_counter()
+        self.start = start
+
+    def __call__(self, m: dict[str, Any]) -> None:
+        it = m["iteration"]
+        ret = m.get("episode_return_mean")
+        ret_s = "     -" if ret is None else f"{ret:8.1f}"
+        line = (f"iter {it:>5}/{self.total}  step {m['global_step']:>9,}  return {ret_s}  "
+                f"kl {m['kl_rollout']:.4f}  kill {m.get('frac_kill', math.nan):.3f}  "
+                f"beta {m['beta']:.4g}  {m['sps']:,.0f} steps/s")
+        if self.tty:
+            width = 24
+            done = int(width * it / self.total)
+            sys.stdout.write("\r[" + "#" * done + "." * (width - done) + "] " + line)
+            sys.stdout.flush()
+            if it == self.total:
+                sys.stdout.write("\n")
+        elif it % self.every == 0 or it == self.total or it == self.start + 1:
+            print(line, flush=True)
+
+
+def run_train(argv: list[str]) -> int:
+    import tyro
+
+    from klppo.rl import config as C
+    from klppo.rl.trainer import TrainingError, resume, train
+    from klppo.runs import rundir as R
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset")
+    pre.add_argument("--config")
+    pre.add_argument("--resume")
+    known, rest = pre.parse_known_args(argv)
+    if known.resume:
+        if rest or known.preset or known.config:
+            print("klppo train: --resume takes no other flags (the run's config.yaml is used)",
+                  file=sys.stderr)
+            return 2
+        cfg = C.from_dict(R.read_yaml(__import__("pathlib").Path(known.resume) / "config.yaml"))
+        prog = Progress(cfg.num_iterations)
+        try:
+            result = resume(known.resume, on_iteration=prog)
+        except (TrainingError, FileNotFoundError, C.ConfigError) as e:
+            print(f"klppo train: {e}", file=sys.stderr)
+            return 1
+        return _report(result)
+    try:
+        base = C.preset(known.preset) if known.preset else C.TrainConfig()
+        if known.config:
+            base = C.from_dict(R.read_yaml(__import__("pathlib").Path(known.config)) or {}, base)
+    except (C.ConfigError, OSError) as e:
+        print(f"klppo train: {e}", file=sys.stderr)
+        return 2
+    cfg = tyro.cli(C.TrainConfig, default=base, args=rest, prog="klppo train",
+                   description=USAGE)
+    try:
+        C.validate(cfg)
+    except C.ConfigError as e:
+        print(f"klppo train: {e}", file=sys.stderr)
+        return 2
+    try:
+        result = train(cfg, on_iteration=Progress(cfg.num_iterations))
+    except (TrainingError, FileExistsError, ValueError) as e:
+        print(f"klppo train: {e}", file=sys.stderr)
+        return 1
+    return _report(result)
+
+
+def _report(result) -> int:
+    print(f"run directory: {result.run_dir}")
+    print(f"status: {result.status}; final return (last 10% of steps): {result.final_return:.2f}")
+    return 0 if result.status in ("finished", "interrupted") else 1

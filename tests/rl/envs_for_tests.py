@@ -1,0 +1,30 @@
+"""Tiny environments for trainer tests (registered on import)."""
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class Counter(gym.Env):
+    """obs = [t], reward 1, truncated at ``limit`` steps; emits NaN from step ``nan_at`` on."""
+
+    def __init__(self, limit: int = 3, nan_at: int | None = None) -> None:
+        self.observation_space = spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.limit, self.nan_at, self.t, self.total = limit, nan_at, 0, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        self.total += 1
+        bad = self.nan_at is not None and self.total >= self.nan_at
+        obs = np.array([np.nan if bad else float(self.t)], np.float32)
+        return obs, 1.0, False, self.t >= self.limit, {}
+
+
+gym.register("KlppoTest/Counter-v0", entry_point=Counter)
+gym.register("KlppoTest/NaN-v0", entry_point=Counter, kwargs={"limit": 1000, "nan_at": 1500})
