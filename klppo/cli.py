@@ -43,10 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random batches")
     p.add_argument("--batches", type=int, default=200, help="random batches per batch size")
     p.set_defaults(func=_cmd_verify)
-    p = sub.add_parser("demo", help="the main job (`make demo`)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batches", type=int, default=200)
-    p.set_defaults(func=_cmd_verify)
+    from klppo.cli_experiments import add_parsers
+
+    add_parsers(sub)
     return parser
 
 

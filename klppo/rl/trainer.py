@@ -25,6 +25,7 @@ from klppo.core.advantages import gae
 from klppo.core.controllers import make_controller
 from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
+from klppo.protocol import final_return
 from klppo.rl import checkpoint as ckpt
 from klppo.rl.config import TrainConfig, from_dict, to_dict, validate
 from klppo.rl.envs import ObsNormalizer, RewardScaler, _resolve_id, make_vector_env
@@ -55,22 +56,6 @@ class TrainResult:
     def final_return(self) -> float:
         """KLip-PPO protocol: mean training-episode return over the last 10% of steps."""
         return final_return(self.metrics)
-
-
-def final_return(records: list[dict[str, Any]], fraction: float = 0.1) -> float:
-    """Mean return of the training episodes that ended in the last ``fraction`` of the steps,
-    weighting each iteration's mean by its episode count. nan when no episode ended there."""
-    if not records:
-        return math.nan
-    last = max(r["global_step"] for r in records)
-    cut = last * (1 - fraction)
-    total = count = 0.0
-    for r in records:
-        n = r.get("episode_count") or 0
-        if r["global_step"] > cut and n and r.get("episode_return_mean") is not None:
-            total += r["episode_return_mean"] * n
-            count += n
-    return total / count if count else math.nan
 
 
 class _Trainer:
@@ -304,8 +289,15 @@ def resume(run_dir: str | Path,
     if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"resume={str(run_dir)!r}: not a klppo run directory "
                                 f"(no config.yaml)")
-    cfg = from_dict(R.read_yaml(run_dir / "config.yaml"))
-    tr = _Trainer(cfg, run_dir)
+    try:
+        cfg = from_dict(R.read_yaml(run_dir / "config.yaml"))
+        tr = _Trainer(cfg, run_dir)
+    except Exception as e:
+        R.write_status(run_dir, "failed", error=f"{type(e).__name__}: {e}",
+                       traceback=traceback.format_exc(), iteration=0)
+        raise
+    if not (run_dir / "metadata.json").exists():
+        R.write_metadata(run_dir, {"kind": "train"})
     if (run_dir / ckpt.CHECKPOINT).exists():
         tr.load_state_dict(ckpt.load_checkpoint(run_dir))
     else:

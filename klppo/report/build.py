@@ -1,0 +1,148 @@
+"""``make_report(paths, out_dir)``: tables, figures and one self-contained report.html.
+
+Reads run directories only (no torch). Runs are grouped by environment, so runs of different
+environments never share a table; everything unreadable is listed with the reason it was skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+from klppo.report import figures as F
+from klppo.report.html import render_html
+from klppo.report.load import Run, load_runs
+from klppo.report.stats import Summary, summarize
+
+__all__ = ["Report", "make_report", "equivalence", "format_table"]
+
+
+@dataclass
+class Equivalence:
+    env: str
+    seed: int
+    max_abs_diff: float
+    iterations: int
+
+
+@dataclass
+class Report:
+    out_dir: Path
+    html: Path
+    summaries: list[Summary]
+    equivalences: list[Equivalence]
+    skipped: list[tuple[str, str]]
+    figures: list[tuple[str, Path]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def equivalence(runs: list[Run]) -> list[Equivalence]:
+    """Max |difference| of the return curves of clip and per_sample_kl (clip shape) runs that
+    share env and seed (0 expected with power-of-two minibatches: Theorem 1)."""
+    def is_psk_clip(r: Run) -> bool:
+        return r.objective == "per_sample_kl" and (r.config.get("ppo") or {}).get(
+            "shape", "clip") == "clip"
+
+    out = []
+    pairs: dict[tuple[str, int], dict[str, Run]] = defaultdict(dict)
+    for r in runs:
+        if r.objective == "clip":
+            pairs[(r.env, r.seed)]["clip"] = r
+        elif is_psk_clip(r):
+            pairs[(r.env, r.seed)]["psk"] = r
+    for (env, seed), p in sorted(pairs.items()):
+        if len(p) < 2:
+            continue
+        a = [m.get("episode_return_mean") for m in p["clip"].metrics]
+        b = [m.get("episode_return_mean") for m in p["psk"].metrics]
+        n = min(len(a), len(b))
+        diffs = []
+        for x, y in zip(a[:n], b[:n]):
+            if x is None and y is None:
+                diffs.append(0.0)
+            elif x is None or y is None:
+                diffs.append(math.inf)
+            else:
+                diffs.append(abs(x - y))
+        out.append(Equivalence(env, seed, max(diffs) if diffs else math.nan, n))
+    return out
+
+
+def format_table(summaries: list[Summary]) -> str:
+    """Markdown final-return table (KLip-PPO protocol) with IQM and its bootstrap 95% CI."""
+    lines = ["| env | condition | seeds | final return (mean ± std) | IQM [95% CI] |",
+             "|---|---|---|---|---|"]
+    for s in summaries:
+        lines.append(f"| {s.env} | {s.condition} | {s.n} | {s.mean:.1f} ± {s.std:.1f} | "
+                     f"{s.iqm:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}] |")
+    return "\n".join(lines)
+
+
+def _write_csv(path: Path, summaries: list[Summary]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["env", "condition", "seeds", "mean", "std", "iqm", "ci_low", "ci_high",
+                    "per_seed"])
+        for s in summaries:
+            w.writerow([s.env, s.condition, s.n, s.mean, s.std, s.iqm, s.ci_low, s.ci_high,
+                        ";".join(f"{k}:{v}" for k, v in sorted(s.per_seed.items()))])
+
+
+def make_report(paths: list[str | Path], out_dir: str | Path) -> Report:
+    out = Path(out_dir)
+    fig_dir = out / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = load_runs(paths)
+    runs = loaded.runs
+    notes = [f"{r.path}: {n}" for r in runs for n in r.notes]
+    by_env: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_env[r.env].append(r)
+    summaries: list[Summary] = []
+    figures: list[tuple[str, Path]] = []
+    for env, rs in sorted(by_env.items()):
+        by_cond: dict[str, dict[int, float]] = defaultdict(dict)
+        for r in rs:
+            if r.seed in by_cond[r.condition]:
+                notes.append(f"{r.path}: a second run of {env} / {r.condition} / seed "
+                             f"{r.seed}; the first one found is used")
+                continue
+            by_cond[r.condition][r.seed] = r.final_return
+        summaries += [summarize(env, c, s) for c, s in sorted(by_cond.items())]
+        safe = env.replace("/", "-").replace(":", "-")
+        figures.append((f"{env}: learning curves",
+                        F.save(F.learning_curves(env, rs), fig_dir, f"{safe}__curves")))
+        for r in sorted(rs, key=lambda r: (r.condition, r.seed)):
+            if r.objective in ("kl_penalty", "clip_kl"):
+                figures.append((f"{env} / {r.condition} / seed {r.seed}: KL and beta",
+                                F.save(F.kl_tracking(env, r), fig_dir,
+                                       f"{safe}__{r.condition}__{r.seed}__kl")))
+        clip_like: dict[str, list[Run]] = defaultdict(list)
+        for r in rs:
+            if r.objective in ("clip", "per_sample_kl") and "frac_kill" in r.metrics[0]:
+                clip_like[r.condition].append(r)
+        for cond, crs in sorted(clip_like.items()):
+            figures.append((f"{env} / {cond}: partition and beta_t",
+                            F.save(F.partitions(env, cond, crs), fig_dir,
+                                   f"{safe}__{cond}__partition")))
+    eqs = equivalence(runs)
+    table = format_table(summaries)
+    (out / "final_returns.md").write_text(table + "\n")
+    _write_csv(out / "final_returns.csv", summaries)
+    eq_md = ["| env | seed | iterations | max abs diff of return curves |", "|---|---|---|---|"]
+    eq_md += [f"| {e.env} | {e.seed} | {e.iterations} | {e.max_abs_diff:.3g} |" for e in eqs]
+    (out / "equivalence.md").write_text("\n".join(eq_md) + "\n")
+    with open(out / "equivalence.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["env", "seed", "iterations", "max_abs_diff"])
+        for e in eqs:
+            w.writerow([e.env, e.seed, e.iterations, e.max_abs_diff])
+    html = out / "report.html"
+    html.write_text(render_html(summaries, eqs, figures, runs, loaded.skipped, notes))
+    return Report(out, html, summaries, eqs, loaded.skipped, figures, notes)
+
+

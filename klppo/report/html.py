@@ -1,0 +1,79 @@
+"""One self-contained HTML page: images embedded as base64, no external URL, opens offline."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+
+import yaml
+
+__all__ = ["render_html"]
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1100px;color:#222;padding:0 1em}
+h1{font-size:1.6em} h2{margin-top:1.6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;margin:.6em 0} td,th{border:1px solid #ccc;padding:.3em .7em;
+text-align:right} th{background:#f3f3f3} td:nth-child(-n+2){text-align:left}
+figure{margin:1em 0} figcaption{font-size:.9em;color:#555} img{max-width:100%}
+pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.8em}
+.ok{color:#1a7f37} .bad{color:#b42318} .muted{color:#666;font-size:.9em}
+"""
+
+
+def _num(x: float, fmt: str = ".1f") -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return f'<img alt="{html.escape(Path(path).stem)}" src="data:image/png;base64,{data}">'
+
+
+def render_html(summaries, equivalences, figures, runs, skipped, notes) -> str:
+    e = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'>",
+             "<title>klppo report</title>", f"<style>{CSS}</style></head><body>",
+             "<h1>klppo report</h1>",
+             f"<p class='muted'>{len(runs)} runs loaded, {len(skipped)} skipped. Final return: "
+             "mean of training-episode returns over the last 10% of environment steps per seed; "
+             "mean and population std over seeds; IQM with a bootstrap 95% CI.</p>",
+             "<h2>Final return</h2><table><tr><th>env</th><th>condition</th><th>seeds</th>"
+             "<th>mean ± std</th><th>IQM [95% CI]</th><th>per seed</th></tr>"]
+    for s in summaries:
+        per = ", ".join(f"{k}: {_num(v)}" for k, v in sorted(s.per_seed.items()))
+        parts.append(f"<tr><td>{e(s.env)}</td><td>{e(s.condition)}</td><td>{s.n}</td>"
+                     f"<td>{_num(s.mean)} ± {_num(s.std)}</td><td>{_num(s.iqm)} "
+                     f"[{_num(s.ci_low)}, {_num(s.ci_high)}]</td><td>{e(per)}</td></tr>")
+    parts.append("</table>")
+    parts.append("<h2>Equivalence: clip vs per-sample KL (Theorem 1)</h2>")
+    if equivalences:
+        parts.append("<table><tr><th>env</th><th>seed</th><th>iterations</th>"
+                     "<th>max |diff| of return curves</th></tr>")
+        for q in equivalences:
+            cls = "ok" if q.max_abs_diff == 0 else "bad"
+            parts.append(f"<tr><td>{e(q.env)}</td><td>{q.seed}</td><td>{q.iterations}</td>"
+                         f"<td class='{cls}'>{q.max_abs_diff:.3g}</td></tr>")
+        parts.append("</table><p class='muted'>0 is expected with power-of-two minibatches: "
+                     "the two objectives have bit-identical gradients.</p>")
+    else:
+        parts.append("<p class='muted'>No (env, seed) pair has both a clip and a "
+                     "per_sample_kl run.</p>")
+    parts.append("<h2>Figures</h2>")
+    for caption, path in figures:
+        parts.append(f"<figure>{_img(path)}<figcaption>{e(caption)}</figcaption></figure>")
+    if skipped or notes:
+        parts.append("<h2>Skipped and notes</h2><ul>")
+        parts += [f"<li><b>skipped</b> {e(p)}: {e(why)}</li>" for p, why in skipped]
+        parts += [f"<li>{e(n)}</li>" for n in notes]
+        parts.append("</ul>")
+    parts.append("<h2>Run configurations</h2>")
+    for r in sorted(runs, key=lambda r: (r.env, r.condition, r.seed)):
+        parts.append(f"<details><summary>{e(r.env)} / {e(r.condition)} / seed {r.seed} "
+                     f"<span class='muted'>({e(str(r.path))}, status {e(str(r.status))})"
+                     f"</span></summary><pre>{e(yaml.safe_dump(r.config, sort_keys=False))}"
+                     "</pre></details>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,67 @@
+"""Aggregate statistics: the KLip-PPO table (mean, population std) and IQM with a stratified
+bootstrap 95% confidence interval (Agarwal et al. 2021)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+__all__ = ["Summary", "iqm", "bootstrap_iqm_ci", "summarize", "curve_on_grid"]
+
+
+def iqm(x: np.ndarray) -> float:
+    """Interquartile mean: the mean of the middle 50% (scipy's trim_mean with 0.25)."""
+    return float(sps.trim_mean(np.asarray(x, float), 0.25))
+
+
+def bootstrap_iqm_ci(x: np.ndarray, reps: int = 2000, seed: int = 0,
+                     level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap CI of the IQM, resampling seeds with replacement (with one task the
+    stratified bootstrap reduces to resampling within it)."""
+    x = np.asarray(x, float)
+    if len(x) == 0:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    samples = x[rng.integers(0, len(x), size=(reps, len(x)))]
+    values = sps.trim_mean(samples, 0.25, axis=1)
+    lo, hi = np.percentile(values, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+@dataclass
+class Summary:
+    env: str
+    condition: str
+    n: int
+    mean: float
+    std: float  # population std over seeds (ddof 0), as in the KLip-PPO tables
+    iqm: float
+    ci_low: float
+    ci_high: float
+    per_seed: dict[int, float]
+
+
+def summarize(env: str, condition: str, per_seed: dict[int, float]) -> Summary:
+    vals = np.array([v for v in per_seed.values() if not math.isnan(v)], float)
+    if len(vals) == 0:
+        return Summary(env, condition, 0, math.nan, math.nan, math.nan, math.nan, math.nan,
+                       per_seed)
+    lo, hi = bootstrap_iqm_ci(vals)
+    return Summary(env, condition, len(vals), float(vals.mean()), float(vals.std(ddof=0)),
+                   iqm(vals), lo, hi, per_seed)
+
+
+def curve_on_grid(steps: list[float], values: list[float | None],
+                  grid: np.ndarray) -> np.ndarray:
+    """A run's curve (NaN before its first value) carried forward onto a common step grid."""
+    s = np.asarray(steps, float)
+    v = np.array([np.nan if x is None else x for x in values], float)
+    ok = ~np.isnan(v)
+    if not ok.any():
+        return np.full(len(grid), np.nan)
+    s, v = s[ok], v[ok]
+    idx = np.searchsorted(s, grid, side="right") - 1
+    return np.where(idx >= 0, v[np.clip(idx, 0, None)], np.nan)
