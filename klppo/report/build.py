@@ -12,7 +12,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from klppo.report import figures as F
 from klppo.report.html import render_html
 from klppo.report.load import Run, load_runs

@@ -40,7 +40,8 @@ def learning_curves(env: str, runs: list[Run]):
         by_cond[r.condition].append(r)
     last = max(r.metrics[-1]["global_step"] for r in runs)
     grid = np.linspace(0, last, 200)
-    for cond, rs in sorted(by_cond.items()):
+    styles = ["-", "--", ":", "-."]  # identical curves (Theorem 1) stay visible
+    for k, (cond, rs) in enumerate(sorted(by_cond.items())):
         curves = np.stack([curve_on_grid([m["global_step"] for m in r.metrics],
                                          [m.get("episode_return_mean") for m in r.metrics],
                                          grid) for r in rs])
@@ -49,7 +50,7 @@ def learning_curves(env: str, runs: list[Run]):
             mean = np.nanmean(curves, 0)
             n = np.sum(~np.isnan(curves), 0)
             sem = np.nanstd(curves, 0) / np.sqrt(np.maximum(n, 1))
-        line, = ax.plot(grid, mean, label=f"{cond} (n={len(rs)})")
+        line, = ax.plot(grid, mean, ls=styles[k % len(styles)], label=f"{cond} (n={len(rs)})")
         ax.fill_between(grid, mean - 1.96 * sem, mean + 1.96 * sem, alpha=0.2,
                         color=line.get_color())
     ax.set(title=f"{env}: training-episode return", xlabel="environment steps",

@@ -8,7 +8,6 @@ its last checkpoint and reproduces the metrics of an uninterrupted run exactly.
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import threading
 import time

@@ -28,3 +28,21 @@ class Counter(gym.Env):
 
 gym.register("KlppoTest/Counter-v0", entry_point=Counter)
 gym.register("KlppoTest/NaN-v0", entry_point=Counter, kwargs={"limit": 1000, "nan_at": 1500})
+
+
+class Crash(Counter):
+    """Kills its process (as a segfault would) after ``at`` steps."""
+
+    def __init__(self, at: int = 300) -> None:
+        super().__init__(limit=50)
+        self.at = at
+
+    def step(self, action):
+        if self.total + 1 >= self.at:
+            import os
+
+            os._exit(3)
+        return super().step(action)
+
+
+gym.register("KlppoTest/Crash-v0", entry_point=Crash)

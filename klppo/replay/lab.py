@@ -1,0 +1,187 @@
+"""The controller lab: replay a KL trace through controllers, or close the loop on a plant.
+
+Open loop (:func:`open_loop`): feed a logged KL trace (a run's ``metrics.jsonl`` or a CSV column)
+to any set of controllers and record the beta each would have produced. The trace does not react
+to those betas, so this shows each rule's response to the same inputs.
+
+Closed loop (:func:`closed_loop`): a simulated *plant* answers each beta with the KL a policy
+update would reach under it::
+
+    KL_t = scale_t / (beta_t + beta_floor) ** power * exp(noise * e_t - noise**2 / 2)
+    scale_t = scale * exp(drift * t / steps),   e_t ~ N(0, 1)
+
+Why this shape: a penalised update maximising ``g.d - (beta / 2) d'Fd`` moves by
+``d = F^-1 g / beta``, whose KL is ``g'F^-1 g / (2 beta^2)``: KL falls as beta^-2 (``power``
+2). ``beta_floor`` caps the step when beta is tiny (finite epochs, a learning rate, the clip), the
+drift models a learning signal that grows or shrinks over training, and the mean-one lognormal
+noise models minibatch sampling. With the defaults a beta of about 0.95 meets a 0.02 target at
+t = 0, and the beta needed grows by e^(drift/2) over the run, so a fixed beta drifts off target.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from klppo.core.controllers import KLController, make_controller
+
+__all__ = ["Plant", "load_trace", "parse_controller", "default_controllers", "open_loop",
+           "closed_loop", "tracking_metrics", "LoopResult"]
+
+
+def load_trace(path: str | Path, column: str | None = None) -> tuple[list[float], list[float],
+                                                                       float | None]:
+    """``(steps, kl, target)`` from a run's ``metrics.jsonl`` (or its directory) or a CSV file.
+
+    metrics.jsonl: ``column`` defaults to ``kl_observed`` (what the run's controller saw), else
+    ``kl_rollout``; steps are ``global_step``; the target is the run's ``kl_target`` if any.
+    CSV: ``column`` defaults to ``kl``; steps come from a ``step`` column, else the row index.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "metrics.jsonl"
+    if not p.exists():
+        raise FileNotFoundError(f"trace={str(path)!r}: no such file")
+    if p.suffix == ".jsonl":
+        recs = []
+        for line in p.read_text().splitlines():
+            try:
+                recs.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        col = column or ("kl_observed" if any("kl_observed" in r for r in recs)
+                         else "kl_rollout")
+        rows = [r for r in recs if r.get(col) is not None]
+        if not rows:
+            raise ValueError(f"trace={str(path)!r}: no values in column {col!r}")
+        target = next((r["kl_target"] for r in rows if r.get("kl_target") is not None), None)
+        return [float(r["global_step"]) for r in rows], [float(r[col]) for r in rows], target
+    col = column or "kl"
+    with open(p, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or col not in rows[0]:
+        raise ValueError(f"trace={str(path)!r}: no column {col!r} (columns: "
+                         f"{list(rows[0]) if rows else []})")
+    steps = [float(r["step"]) if "step" in r else float(i) for i, r in enumerate(rows)]
+    return steps, [float(r[col]) for r in rows], None
+
+
+def parse_controller(spec: str, target: float | None = None) -> tuple[str, KLController]:
+    """``"step:preset=rllib"`` or ``"proportional:beta=1,horizon=20"`` -> (label, controller).
+
+    ``target`` is applied unless the spec sets its own.
+    """
+    name, _, opts = spec.partition(":")
+    options: dict[str, Any] = {}
+    for item in filter(None, opts.split(",")):
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise ValueError(f"controller spec {spec!r}: expected key=value, got {item!r}")
+        try:
+            options[k] = float(v)
+        except ValueError:
+            options[k] = v
+    if target is not None and "target" not in options:
+        options["target"] = target
+    return spec, make_controller(name, **options)
+
+
+def default_controllers(target: float) -> list[str]:
+    """One of each rule, tuned to the same target (nats per sample)."""
+    return ["fixed:beta=1", "step:preset=ppo_paper", "step:preset=rllib,beta=1",
+            "proportional:beta=1,horizon=10", "exponential:beta=1,gain=20",
+            f"pid:beta=1,kp={0.05 / target:g},ki={0.25 / target:g},p_ema=0.5"]
+
+
+def open_loop(kl: Sequence[float], controllers: dict[str, KLController]) -> dict[str, list[float]]:
+    """The beta after each update of each controller, fed the same KL trace."""
+    return {label: [c.update(d) for d in kl] for label, c in controllers.items()}
+
+
+@dataclass
+class Plant:
+    """The simulated KL response to beta (see the module docstring for the model)."""
+
+    scale: float = 0.018
+    """KL (nats per sample) at beta + beta_floor = 1, at t = 0"""
+    power: float = 2.0
+    """KL ~ (beta + beta_floor) ** -power"""
+    beta_floor: float = 0.05
+    """caps the KL when beta is tiny"""
+    drift: float = 1.0
+    """log-change of the scale over the whole run"""
+    noise: float = 0.3
+    """lognormal sigma of the measurement"""
+    seed: int = 0
+
+    def kl(self, beta: float, t: int, steps: int, rng: np.random.Generator) -> float:
+        scale = self.scale * math.exp(self.drift * t / max(steps, 1))
+        e = rng.standard_normal()
+        return scale / (beta + self.beta_floor) ** self.power * math.exp(
+            self.noise * e - self.noise**2 / 2)
+
+
+@dataclass
+class LoopResult:
+    label: str
+    kl: list[float]
+    beta: list[float]
+    metrics: dict[str, float | None]
+
+
+def closed_loop(label: str, controller: KLController, plant: Plant, steps: int = 200,
+                band: float = 0.5) -> LoopResult:
+    """Run ``steps`` updates: the plant answers the current beta, the controller reacts."""
+    rng = np.random.default_rng(plant.seed)  # the same noise sequence for every controller
+    kl, beta = [], []
+    for t in range(steps):
+        b = controller.value
+        d = plant.kl(b, t, steps, rng)
+        beta.append(b)
+        kl.append(d)
+        controller.update(d)
+    m = tracking_metrics(kl, beta, controller.target, controller.beta_min, controller.beta_max,
+                         band)
+    return LoopResult(label, kl, beta, m)
+
+
+def tracking_metrics(kl: Sequence[float], beta: Sequence[float], target: float | None,
+                     beta_min: float, beta_max: float, band: float = 0.5,
+                     window: int = 5) -> dict[str, float | None]:
+    """How well a KL trace tracks its target.
+
+    * ``tracking_error``: mean ``|log(KL / target)|`` over the second half (0 is perfect;
+      0.69 means off by a factor of 2 on average);
+    * ``overshoot``: the largest ``KL / target - 1`` after the KL first comes within the band;
+    * ``settling_time``: the first step from which the moving median (``window`` steps) of
+      ``KL / target`` stays within ``1 +- band`` to the end (None if it never does);
+    * ``time_at_bounds``: the share of steps with beta at ``beta_min`` or ``beta_max``.
+    """
+    k = np.asarray(kl, float)
+    b = np.asarray(beta, float)
+    out: dict[str, float | None] = {}
+    at_bounds = np.isclose(b, beta_min, rtol=1e-9, atol=0) | np.isclose(b, beta_max, rtol=1e-9,
+                                                                          atol=0)
+    out["time_at_bounds"] = float(at_bounds.mean()) if len(b) else None
+    if target is None or len(k) == 0:
+        return {"tracking_error": None, "overshoot": None, "settling_time": None, **out}
+    rel = k / target
+    half = rel[len(rel) // 2:]
+    out["tracking_error"] = float(np.mean(np.abs(np.log(half))))
+    inside = np.flatnonzero(np.abs(rel - 1) <= band)
+    out["overshoot"] = float(max(0.0, (rel[inside[0]:] - 1).max())) if len(inside) else None
+    med = np.array([np.median(rel[max(0, i - window + 1):i + 1]) for i in range(len(rel))])
+    ok = np.abs(med - 1) <= band
+    bad = np.flatnonzero(~ok)
+    if not ok[-1]:
+        out["settling_time"] = None
+    else:
+        out["settling_time"] = float(bad[-1] + 1) if len(bad) else 0.0
+    return out
