@@ -122,6 +122,8 @@ class Learner:
                                  ("loss_critic", out["loss_critic"]),
                                  ("loss_entropy", out["loss_entropy"])):
                         keep[k].append(v.detach())
+                    if "kl_penalty" in out:
+                        keep.setdefault("kl_penalty", []).append(out["kl_penalty"].detach())
                     self._last_kl = self._minibatch_kl(out, kl)
                     self._epoch_kls.append(self._last_kl)
                     if kcfg.cadence == "minibatch" and self.uses_beta:
@@ -169,8 +171,9 @@ class Learner:
         d.update(value_loss=v_loss.mean(), value_clip_fraction=v_clipped.float().mean(),
                  entropy=cat["entropy"].mean(), kl_analytic=cat["kl"].mean(),
                  grad_norm=cat["grad_norm"].mean())
-        for k in ("loss", "loss_objective", "loss_critic", "loss_entropy"):
-            d[k] = cat[k].mean()
+        for k in ("loss", "loss_objective", "loss_critic", "loss_entropy", "kl_penalty"):
+            if k in cat:
+                d[k] = cat[k].mean()
         if not bool(torch.isfinite(cat["loss"]).all()):
             raise FloatingPointError("the PPO loss became non-finite during the update")
         return {k: float(v) for k, v in d.items()}
