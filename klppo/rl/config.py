@@ -171,6 +171,8 @@ class TrainConfig:
     """also log to Weights & Biases (works with WANDB_MODE=offline)"""
     tensorboard: bool = True
     """write TensorBoard events when the tensorboard package is installed"""
+    fast_path: bool = True
+    """numpy forward/backward for separate tanh MLPs (same math; off: plain torch autograd)"""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     kl: KLConfig = field(default_factory=KLConfig)

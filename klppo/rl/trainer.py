@@ -24,6 +24,7 @@ from klppo.core.advantages import gae
 from klppo.core.controllers import make_controller
 from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
+from klppo.nn.fastpath import flatten_parameters, supports_fast_path
 from klppo.protocol import final_return
 from klppo.rl import checkpoint as ckpt
 from klppo.rl.config import TrainConfig, from_dict, to_dict, validate
@@ -70,6 +71,9 @@ class _Trainer:
         n = cfg.net
         self.agent = ActorCritic(obs_dim, head, n.hidden, n.shared_trunk, n.separate_losses,
                                  n.log_std_init)
+        self.flat = None
+        if cfg.fast_path and supports_fast_path(self.agent):
+            self.flat = flatten_parameters(self.agent)  # before anything takes views of it
         self.controller = make_controller(cfg.kl.controller, **cfg.kl.controller_options())
         self.uses_beta = cfg.objective in ("kl_penalty", "clip_kl")
         r = cfg.rollout
@@ -79,7 +83,7 @@ class _Trainer:
         self.collector = Collector(self.env, self.agent, r.num_steps, cfg.seed + 1,
                                    self.obs_norm, self.rew_scale)
         self.learner = Learner(cfg, self.agent, self.controller,
-                               torch.Generator().manual_seed(cfg.seed + 2))
+                               torch.Generator().manual_seed(cfg.seed + 2), self.flat)
         self.iteration = 0
         self.global_step = 0
         self.stop_requested = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from klppo.core._checks import validation
@@ -20,6 +21,7 @@ from klppo.core.loss import PPOLoss
 from klppo.core.surrogates import per_sample_beta
 from klppo.core.values import value_loss
 from klppo.nn.actor_critic import ActorCritic
+from klppo.nn.fastpath import FastStep
 from klppo.rl.config import TrainConfig
 from klppo.rl.optim import ClippedAdam
 
@@ -53,7 +55,8 @@ class Learner:
     configured cadence, from the KL measured on the minibatches (never inside the loss)."""
 
     def __init__(self, cfg: TrainConfig, agent: ActorCritic, controller: KLController,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator,
+                 flat: tuple[np.ndarray, list[tuple[int, int]]] | None = None) -> None:
         p = cfg.ppo
         self.cfg = cfg
         self.agent = agent
@@ -69,8 +72,13 @@ class Learner:
         )
         self.uses_beta = cfg.objective in ("kl_penalty", "clip_kl")
         self.params = [q for q in agent.parameters() if q.requires_grad]
-        self.optimizer = ClippedAdam(self.params, lr=p.lr, eps=p.adam_eps,
-                                     max_norm=p.max_grad_norm)
+        if flat is not None:  # numpy fast path (klppo.nn.fastpath); same math
+            self.optimizer = FastStep(agent, self.loss, p.lr, p.adam_eps, p.max_grad_norm,
+                                      *flat)
+        else:
+            self.optimizer = ClippedAdam(self.params, lr=p.lr, eps=p.adam_eps,
+                                         max_norm=p.max_grad_norm)
+        self.fast = flat is not None
         self._epoch_kls: list[torch.Tensor] = []
         self._last_kl: torch.Tensor | None = None
 
@@ -92,38 +100,58 @@ class Learner:
         ctrl_updates: list[dict] = []
         early_stopped, epochs_done, stop = 0.0, 0, False
         needs_kl = self.loss.needs_analytic_kl
+        if self.fast:
+            npb = {k: getattr(batch, k).numpy() for k in ("obs", "actions", "logp", "params",
+                                                           "values", "returns")}
+            np_adv = adv.numpy()
         with validation(False):  # inputs come from a checked rollout; the result is checked below
             for _epoch in range(p.update_epochs):
                 perm = torch.randperm(B, generator=self.gen)
                 self._epoch_kls = []
                 for start in range(0, B, mb):
                     idx = perm[start:start + mb]
+                    beta = self.controller.value if self.uses_beta else 0.0
+                    if self.fast:
+                        i = idx.numpy()
+                        if p.early_stop == "minibatch" and self._k3_too_high(
+                                batch, idx, npb, i, p.target_kl):
+                            early_stopped, stop = 1.0, True
+                            break
+                        r = self.optimizer.step(
+                            npb["obs"][i], npb["actions"][i], npb["params"][i], npb["logp"][i],
+                            np_adv[i], npb["returns"][i], npb["values"][i], beta,
+                            p.ent_coef > 0, needs_kl)
+                        out = {k: v for k, v in r.items() if k.startswith("loss")
+                               or k == "kl_penalty"}
+                        logp_new = torch.from_numpy(r["logp"])
+                        values = torch.from_numpy(r["values"])
+                        entropy = torch.from_numpy(r["entropy"])
+                        kl = torch.from_numpy(r["kl"])
+                        grad_norm = torch.tensor(r["grad_norm"])
+                        self._record(keep, idx, logp_new, values, entropy, kl, adv, grad_norm,
+                                     out)
+                        self._last_kl = self._minibatch_kl(out, kl)
+                        self._epoch_kls.append(self._last_kl)
+                        if kcfg.cadence == "minibatch" and self.uses_beta:
+                            self.controller.update(float(self._last_kl), n_steps=mb)
+                            ctrl_updates.append(self.controller.info.as_dict())
+                        continue
                     params, values = self.agent(batch.obs[idx])
                     logp_new = self.head.log_prob(params, batch.actions[idx])
                     with torch.set_grad_enabled(p.ent_coef > 0):
                         entropy = self.head.entropy(params)
                     with torch.set_grad_enabled(needs_kl):
                         kl = self.head.kl(batch.params[idx], params)
-                    beta = self.controller.value if self.uses_beta else 0.0
                     out = self.loss(logp_new, batch.logp[idx], adv[idx], values,
                                     batch.returns[idx], batch.values[idx], entropy,
                                     kl if needs_kl else None, beta, diagnostics=False)
                     if p.early_stop == "minibatch":
-                        k3 = (logp_new.detach() - batch.logp[idx]).expm1() - (
-                            logp_new.detach() - batch.logp[idx])
-                        if float(k3.mean()) > 1.5 * p.target_kl:
+                        lr_ = logp_new.detach() - batch.logp[idx]
+                        if float((lr_.expm1() - lr_).mean()) > 1.5 * p.target_kl:
                             early_stopped, stop = 1.0, True
                             break
                     grad_norm = self.optimizer.step(out["loss"])
-                    for k, v in (("idx", idx), ("logp", logp_new), ("values", values),
-                                 ("entropy", entropy), ("kl", kl), ("adv", adv[idx]),
-                                 ("grad_norm", grad_norm), ("loss", out["loss"]),
-                                 ("loss_objective", out["loss_objective"]),
-                                 ("loss_critic", out["loss_critic"]),
-                                 ("loss_entropy", out["loss_entropy"])):
-                        keep[k].append(v.detach())
-                    if "kl_penalty" in out:
-                        keep.setdefault("kl_penalty", []).append(out["kl_penalty"].detach())
+                    self._record(keep, idx, logp_new, values, entropy, kl, adv, grad_norm, out)
                     self._last_kl = self._minibatch_kl(out, kl)
                     self._epoch_kls.append(self._last_kl)
                     if kcfg.cadence == "minibatch" and self.uses_beta:
@@ -147,6 +175,25 @@ class Learner:
         metrics.update(early_stop=early_stopped, epochs=float(epochs_done),
                        minibatch_steps=float(len(keep["idx"])))
         return UpdateResult(metrics, ctrl_updates)
+
+    @staticmethod
+    def _record(keep, idx, logp_new, values, entropy, kl, adv, grad_norm, out) -> None:
+        for k, v in (("idx", idx), ("logp", logp_new), ("values", values),
+                     ("entropy", entropy), ("kl", kl), ("adv", adv[idx]),
+                     ("grad_norm", grad_norm), ("loss", out["loss"]),
+                     ("loss_objective", out["loss_objective"]),
+                     ("loss_critic", out["loss_critic"]),
+                     ("loss_entropy", out["loss_entropy"])):
+            keep[k].append(v.detach())
+        if "kl_penalty" in out:
+            keep.setdefault("kl_penalty", []).append(out["kl_penalty"].detach())
+
+    def _k3_too_high(self, batch, idx, npb, i, target_kl) -> bool:
+        """SB3's minibatch early stop, checked before the step: k3 > 1.5 target."""
+        with torch.no_grad():
+            params = self.agent.policy_params(batch.obs[idx])
+            lr_ = self.head.log_prob(params, batch.actions[idx]) - batch.logp[idx]
+        return float((lr_.expm1() - lr_).mean()) > 1.5 * target_kl
 
     @torch.no_grad()
     def _diagnostics(self, batch: Batch, keep: dict[str, list[torch.Tensor]]) -> dict[str, float]:

@@ -1,0 +1,203 @@
+"""Fast path of the PPO minibatch step for ``ActorCritic`` with separate tanh MLPs.
+
+On a small CPU network each torch call costs several microseconds and the autograd engine adds
+more per node, so a 2x64 actor-critic step is dominated by overhead. This path splits the step:
+
+1. numpy forward of both MLPs and the action head (log-prob, entropy, analytic KL to the
+   rollout policy);
+2. the *generic* :class:`klppo.core.loss.PPOLoss` in torch on per-sample leaf tensors
+   (log-prob, value, entropy, KL), whose gradients w.r.t. those leaves come from autograd, so
+   every objective and beta_t shape works unchanged (and Theorem 1 stays bit-exact: the
+   per-sample gradients of clip and per_sample_kl are identical, and so is everything after);
+3. numpy backward through the head and the MLPs into one flat gradient buffer;
+4. global-norm clip and Adam on the flat buffer, which the torch parameters are views of.
+
+``tests/nn/test_fastpath.py`` checks it against torch autograd + ``torch.optim.Adam``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from klppo.core.loss import PPOLoss
+from klppo.nn.actor_critic import ActorCritic
+from klppo.nn.distributions import CategoricalHead
+
+__all__ = ["flatten_parameters", "FastStep", "supports_fast_path"]
+
+_HALF_LOG_2PI = np.float32(0.5 * np.log(2 * np.pi))
+
+
+def supports_fast_path(agent: ActorCritic) -> bool:
+    """Separate MLPs made of Linear layers with Tanh between them, no shared trunk."""
+    def ok(seq: nn.Sequential) -> bool:
+        mods = list(seq)
+        return (len(mods) % 2 == 1 and all(isinstance(m, nn.Linear) for m in mods[::2])
+                and all(isinstance(m, nn.Tanh) for m in mods[1::2]))
+    return agent.trunk is None and ok(agent.actor) and ok(agent.critic)
+
+
+def flatten_parameters(module: nn.Module) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Move every float32 parameter into one contiguous buffer (parameters become views).
+
+    Returns the flat numpy array and each parameter's (start, end) slice, in
+    ``module.parameters()`` order. Values are unchanged; in-place loads (``load_state_dict``)
+    keep the views valid.
+    """
+    params = list(module.parameters())
+    total = sum(p.numel() for p in params)
+    flat = np.empty(total, np.float32)
+    spans, at = [], 0
+    for p in params:
+        n = p.numel()
+        flat[at:at + n] = p.detach().numpy().reshape(-1)
+        p.data = torch.from_numpy(flat[at:at + n]).view(p.shape)
+        spans.append((at, at + n))
+        at += n
+    return flat, spans
+
+
+class FastStep:
+    """One minibatch step: forward, loss, backward, clip, Adam, all in place."""
+
+    def __init__(self, agent: ActorCritic, loss: PPOLoss, lr: float, eps: float,
+                 max_norm: float, flat: np.ndarray, spans: list[tuple[int, int]]) -> None:
+        if not supports_fast_path(agent):
+            raise ValueError("the fast path needs separate Linear/Tanh MLPs")
+        self.agent, self.loss = agent, loss
+        self.lr, self.eps, self.max_norm = lr, eps, max_norm
+        self.flat = flat
+        self.grad = np.zeros_like(flat)
+        self.m = np.zeros_like(flat)
+        self.v = np.zeros_like(flat)
+        self.t = 0
+        index = {id(p): i for i, p in enumerate(agent.parameters())}
+
+        def layers(seq: nn.Sequential):
+            out = []
+            for m in list(seq)[::2]:
+                (ws, we), (bs, be) = spans[index[id(m.weight)]], spans[index[id(m.bias)]]
+                out.append((flat[ws:we].reshape(m.weight.shape), flat[bs:be],
+                            self.grad[ws:we].reshape(m.weight.shape), self.grad[bs:be]))
+            return out
+
+        self.actor, self.critic = layers(agent.actor), layers(agent.critic)
+        self.categorical = isinstance(agent.head, CategoricalHead)
+        if not self.categorical:
+            s, e = spans[index[id(agent.log_std)]]
+            self.log_std, self.g_log_std = flat[s:e], self.grad[s:e]
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = float(lr)
+
+    @staticmethod
+    def _forward(layers, x):
+        acts = [x]
+        for k, (w, b, _, _) in enumerate(layers):
+            x = x @ w.T + b
+            if k < len(layers) - 1:
+                np.tanh(x, out=x)
+            acts.append(x)
+        return acts
+
+    @staticmethod
+    def _backward(layers, acts, g) -> None:
+        for k in range(len(layers) - 1, -1, -1):
+            w, _, gw, gb = layers[k]
+            np.matmul(g.T, acts[k], out=gw)
+            np.sum(g, axis=0, out=gb)
+            if k:
+                g = g @ w
+                g *= 1.0 - acts[k] * acts[k]
+
+    def step(self, obs, actions, old_params, logp_old, adv, returns, old_values, beta,
+             want_entropy_grad: bool, want_kl_grad: bool) -> dict[str, Any]:
+        """Apply one update; return per-sample outputs (numpy) and the loss terms (torch)."""
+        a_acts = self._forward(self.actor, obs)
+        c_acts = self._forward(self.critic, obs)
+        out, value = a_acts[-1], c_acts[-1][:, 0]
+        n = obs.shape[0]
+        if self.categorical:
+            z = out - out.max(1, keepdims=True)
+            ez = np.exp(z)
+            s = ez.sum(1, keepdims=True)
+            logp_all = z - np.log(s)
+            p = ez / s
+            logp = logp_all[np.arange(n), actions]
+            entropy = -(p * logp_all).sum(1)
+            zo = old_params - old_params.max(1, keepdims=True)
+            logp_old_all = zo - np.log(np.exp(zo).sum(1, keepdims=True))
+            p_old = np.exp(logp_old_all)
+            kl = (p_old * (logp_old_all - logp_all)).sum(1)
+        else:
+            d = out.shape[1]
+            log_std = self.log_std
+            inv_std = np.exp(-log_std)
+            zz = (actions - out) * inv_std
+            logp = (-0.5 * zz * zz - log_std - _HALF_LOG_2PI).sum(1)
+            entropy = np.full(n, (log_std + 0.5 + _HALF_LOG_2PI).sum(), np.float32)
+            mo, lso = old_params[:, :d], old_params[:, d:]
+            var_ratio = np.exp(2 * (lso - log_std))
+            diff = mo - out
+            kl = 0.5 * (var_ratio + diff * diff * inv_std**2 - 1 - 2 * (lso - log_std)).sum(1)
+        t_logp = torch.from_numpy(np.ascontiguousarray(logp, np.float32)).requires_grad_(True)
+        t_val = torch.from_numpy(np.ascontiguousarray(value)).requires_grad_(True)
+        t_ent = torch.from_numpy(entropy.astype(np.float32)).requires_grad_(want_entropy_grad)
+        t_kl = torch.from_numpy(kl.astype(np.float32)).requires_grad_(want_kl_grad)
+        terms = self.loss(t_logp, torch.from_numpy(logp_old), torch.from_numpy(adv), t_val,
+                          torch.from_numpy(returns), torch.from_numpy(old_values), t_ent,
+                          t_kl if want_kl_grad else None, beta, diagnostics=False)
+        leaves = [t_logp, t_val] + [t for t, w in ((t_ent, want_entropy_grad),
+                                                   (t_kl, want_kl_grad)) if w]
+        grads = [g.numpy() for g in torch.autograd.grad(terms["loss"], leaves)]
+        g_logp, g_val = grads[0], grads[1]
+        g_ent = grads[2] if want_entropy_grad else None
+        g_kl = grads[-1] if want_kl_grad else None
+        # ---- head backward
+        if self.categorical:
+            g_out = -g_logp[:, None] * p
+            g_out[np.arange(n), actions] += g_logp
+            if g_ent is not None:
+                g_out -= g_ent[:, None] * p * (logp_all + entropy[:, None])
+            if g_kl is not None:
+                g_out += g_kl[:, None] * (p - p_old)
+        else:
+            g_out = g_logp[:, None] * zz * inv_std
+            g_ls = (g_logp[:, None] * (zz * zz - 1)).sum(0)
+            if g_ent is not None:
+                g_ls += g_ent.sum()
+            if g_kl is not None:
+                g_out -= g_kl[:, None] * diff * inv_std**2
+                g_ls += (g_kl[:, None] * (1 - var_ratio - diff * diff * inv_std**2)).sum(0)
+            self.g_log_std[:] = g_ls
+        self._backward(self.actor, a_acts, g_out.astype(np.float32, copy=False))
+        self._backward(self.critic, c_acts, g_val[:, None])
+        # ---- clip and Adam on the flat buffer
+        g = self.grad
+        norm = float(np.sqrt(np.dot(g, g)))
+        coef = self.max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            g *= np.float32(coef)
+        self.t += 1
+        b1, b2 = 0.9, 0.999
+        self.m *= b1
+        self.m += (1 - b1) * g
+        self.v *= b2
+        self.v += (1 - b2) * g * g
+        denom = np.sqrt(self.v) / np.float32(np.sqrt(1 - b2**self.t))
+        denom += np.float32(self.eps)
+        self.flat -= np.float32(self.lr / (1 - b1**self.t)) * self.m / denom
+        return {"logp": logp, "values": value, "entropy": entropy, "kl": kl, "grad_norm": norm,
+                **terms}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lr": self.lr, "m": self.m.copy(), "v": self.v.copy(), "t": self.t}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.lr, self.t = float(s["lr"]), int(s["t"])
+        self.m[:] = s["m"]
+        self.v[:] = s["v"]
