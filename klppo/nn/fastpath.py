@@ -5,10 +5,12 @@ more per node, so a 2x64 actor-critic step is dominated by overhead. This path s
 
 1. numpy forward of both MLPs and the action head (log-prob, entropy, analytic KL to the
    rollout policy);
-2. the *generic* :class:`klppo.core.loss.PPOLoss` in torch on per-sample leaf tensors
-   (log-prob, value, entropy, KL), whose gradients w.r.t. those leaves come from autograd, so
-   every objective and beta_t shape works unchanged (and Theorem 1 stays bit-exact: the
-   per-sample gradients of clip and per_sample_kl are identical, and so is everything after);
+2. the loss gradient per sample, in closed form through the KLip-PPO template: for every
+   objective of the family, d objective / d logp_new = w A + beta_t (beta_t from the core's own
+   shapes, :func:`klppo.core.surrogates.per_sample_beta`), minus beta dKL/dlogp_new for the
+   scalar penalties; the value and entropy terms likewise (``_loss_grads``). The same
+   :class:`~klppo.core.loss.PPOLoss` settings drive it, and the tests compare it with autograd
+   on ``PPOLoss`` for every objective and value-loss kind;
 3. numpy backward through the head and the MLPs into one flat gradient buffer;
 4. global-norm clip and Adam on the flat buffer, which the torch parameters are views of.
 
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from klppo.core.loss import PPOLoss
+from klppo.core.surrogates import per_sample_beta
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.distributions import CategoricalHead
 
@@ -144,19 +147,9 @@ class FastStep:
             var_ratio = np.exp(2 * (lso - log_std))
             diff = mo - out
             kl = 0.5 * (var_ratio + diff * diff * inv_std**2 - 1 - 2 * (lso - log_std)).sum(1)
-        t_logp = torch.from_numpy(np.ascontiguousarray(logp, np.float32)).requires_grad_(True)
-        t_val = torch.from_numpy(np.ascontiguousarray(value)).requires_grad_(True)
-        t_ent = torch.from_numpy(entropy.astype(np.float32)).requires_grad_(want_entropy_grad)
-        t_kl = torch.from_numpy(kl.astype(np.float32)).requires_grad_(want_kl_grad)
-        terms = self.loss(t_logp, torch.from_numpy(logp_old), torch.from_numpy(adv), t_val,
-                          torch.from_numpy(returns), torch.from_numpy(old_values), t_ent,
-                          t_kl if want_kl_grad else None, beta, diagnostics=False)
-        leaves = [t_logp, t_val] + [t for t, w in ((t_ent, want_entropy_grad),
-                                                   (t_kl, want_kl_grad)) if w]
-        grads = [g.numpy() for g in torch.autograd.grad(terms["loss"], leaves)]
-        g_logp, g_val = grads[0], grads[1]
-        g_ent = grads[2] if want_entropy_grad else None
-        g_kl = grads[-1] if want_kl_grad else None
+        terms, g_logp, g_val, g_ent, g_kl = _loss_grads(
+            self.loss, logp.astype(np.float32, copy=False), logp_old, adv, value, returns,
+            old_values, entropy, kl.astype(np.float32, copy=False), beta)
         # ---- head backward
         if self.categorical:
             g_out = -g_logp[:, None] * p
@@ -195,9 +188,93 @@ class FastStep:
                 **terms}
 
     def state_dict(self) -> dict[str, Any]:
+        """Adam state (the parameters themselves live in the model's state_dict)."""
         return {"lr": self.lr, "m": self.m.copy(), "v": self.v.copy(), "t": self.t}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.lr, self.t = float(s["lr"]), int(s["t"])
         self.m[:] = s["m"]
         self.v[:] = s["v"]
+
+
+def _loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, entropy, kl,
+                beta: float):
+    """Loss terms and d loss / d (logp_new, value, entropy, analytic KL) per sample.
+
+    Policy: every objective is ``w A + beta_t logp_new`` up to terms without a gradient, so
+    ``d obj / d logp_new = w A + beta_t``; the scalar penalties add ``-beta dk/dlogp_new`` for a
+    sampled estimator k, or ``-beta`` on the analytic KL. Gradients of the *loss* (minimised) are
+    returned, averaged over the ``n`` samples like ``PPOLoss``.
+    """
+    n = logp.shape[0]
+    inv_n = np.float32(1.0 / n)
+    a = adv
+    if loss.normalize_advantage == "minibatch":
+        a = (a - a.mean()) / (a.std(ddof=1) + np.float32(1e-8)) if n > 1 else a - a.mean()
+    log_w = logp - logp_old
+    w = np.exp(log_w)
+    wa = w * a
+    obj_kind = loss.objective
+    g_obj = wa.copy()
+    obj_val = wa.copy()
+    if obj_kind in ("clip", "clip_kl", "per_sample_kl"):
+        shape = loss.shape if obj_kind == "per_sample_kl" else "clip"
+        softness = loss.softness if obj_kind == "per_sample_kl" else None
+        with torch.no_grad():
+            bt = per_sample_beta(torch.from_numpy(w), torch.from_numpy(np.asarray(a)), loss.eps,
+                                 shape, softness, loss.eps_low, loss.eps_high,
+                                 loss.softness_low, loss.softness_high,
+                                 loss.dual_clip).numpy()
+        g_obj += bt
+        if obj_kind == "per_sample_kl":
+            obj_val = wa + bt * logp
+        else:
+            lo = loss.eps if loss.eps_low is None else loss.eps_low
+            hi = loss.eps if loss.eps_high is None else loss.eps_high
+            obj_val = np.minimum(wa, np.clip(w, 1 - lo, 1 + hi) * a)
+            if loss.dual_clip is not None:
+                obj_val = np.where(a < 0, np.maximum(obj_val, loss.dual_clip * a), obj_val)
+    terms: dict[str, torch.Tensor] = {}
+    g_kl = None
+    if obj_kind in ("kl_penalty", "clip_kl"):
+        if loss.kl_estimator == "analytic":
+            pen = kl
+            g_kl = np.full(n, np.float32(beta) * inv_n, np.float32)
+        else:
+            k1 = -log_w  # sampled KL(old || new) from log r = logp_new - logp_old
+            est = {"k1": (k1, -np.ones_like(log_w)),
+                   "k2": (0.5 * log_w * log_w, log_w),
+                   "k3": (np.expm1(log_w) - log_w, np.expm1(log_w)),
+                   "abs": (np.abs(log_w), np.sign(log_w))}[loss.kl_estimator]
+            pen, dpen = est
+            g_obj = g_obj - np.float32(beta) * dpen
+        obj_val = obj_val - np.float32(beta) * pen
+        terms["kl_penalty"] = torch.tensor(float(pen.mean()))
+    g_logp = (-inv_n * g_obj).astype(np.float32)
+    # value loss
+    diff = value - returns
+    kind = loss.value_loss_kind
+    elem = {"l2": lambda d: 0.5 * d * d, "l1": np.abs,
+            "smooth_l1": lambda d: np.where(np.abs(d) < 1, 0.5 * d * d, np.abs(d) - 0.5)}[kind]
+    dfn = {"l2": lambda d: d, "l1": np.sign, "smooth_l1": lambda d: np.clip(d, -1, 1)}[kind]
+    l_un = elem(diff)
+    g_un = dfn(diff)
+    if loss.value_clip is not None:
+        c = np.float32(loss.value_clip)
+        dv = value - old_values
+        v_clip = old_values + np.clip(dv, -c, c)
+        l_cl = elem(v_clip - returns)
+        g_cl = dfn(v_clip - returns) * ((dv >= -c) & (dv <= c))
+        v_loss = np.maximum(l_un, l_cl)
+        g_v = np.where(l_un > l_cl, g_un, np.where(l_cl > l_un, g_cl, 0.5 * (g_un + g_cl)))
+    else:
+        v_loss, g_v = l_un, g_un
+    g_val = (np.float32(loss.vf_coef) * inv_n * g_v).astype(np.float32)
+    g_ent = np.full(n, -np.float32(loss.ent_coef) * inv_n, np.float32)
+    loss_obj = -float(obj_val.mean())
+    loss_critic = loss.vf_coef * float(v_loss.mean())
+    loss_ent = -loss.ent_coef * float(entropy.mean())
+    terms.update(loss_objective=torch.tensor(loss_obj), loss_critic=torch.tensor(loss_critic),
+                 loss_entropy=torch.tensor(loss_ent),
+                 loss=torch.tensor(loss_obj + loss_critic + loss_ent))
+    return terms, g_logp, g_val, g_ent, g_kl

@@ -26,15 +26,24 @@ def reference_steps(agent, loss, batches, beta, lr=3e-4, eps=1e-5, max_norm=0.5)
 
 
 @pytest.mark.parametrize("head", ["categorical", "gaussian"])
-@pytest.mark.parametrize("objective, ent_coef", [("clip", 0.0), ("clip", 0.05),
-                                                 ("kl_penalty", 0.01), ("per_sample_kl", 0.0)])
-def test_fast_step_matches_autograd_and_adam(head, objective, ent_coef):
+@pytest.mark.parametrize("objective, ent_coef, opts", [
+    ("clip", 0.0, {}), ("clip", 0.05, {"value_loss": "l1"}),
+    ("kl_penalty", 0.01, {}), ("kl_penalty", 0.0, {"kl_estimator": "k3"}),
+    ("kl_penalty", 0.0, {"kl_estimator": "k1", "value_clip": None}),
+    ("clip_kl", 0.0, {"kl_estimator": "k2", "value_loss": "smooth_l1"}),
+    ("clip_kl", 0.0, {"kl_estimator": "abs", "dual_clip": 3.0}),
+    ("unclipped", 0.0, {"normalize_advantage": "minibatch"}),
+    ("per_sample_kl", 0.0, {}),
+    ("per_sample_kl", 0.0, {"shape": "sigmoid", "softness": 0.1, "eps_high": 0.28}),
+    ("per_sample_kl", 0.0, {"shape": "spo"}),
+])
+def test_fast_step_matches_autograd_and_adam(head, objective, ent_coef, opts):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     h = CategoricalHead(3) if head == "categorical" else DiagGaussianHead(2)
     agent = ActorCritic(5, h, log_std_init=-0.3)
     ref = copy.deepcopy(agent)
-    loss = PPOLoss(objective, ent_coef=ent_coef)
+    loss = PPOLoss(objective, ent_coef=ent_coef, **opts)
     batches = []
     for _ in range(4):
         obs = rng.standard_normal((64, 5)).astype(np.float32)

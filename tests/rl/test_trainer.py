@@ -59,9 +59,14 @@ def test_same_seed_same_metrics_and_other_seed_differs(tmp_path):
     assert strip(a.metrics) != strip(c.metrics)
 
 
-def test_theorem1_end_to_end_clip_equals_per_sample_kl(tmp_path):
-    a = rl.train(small(tmp_path / "clip", "clip", steps=5120))
-    b = rl.train(small(tmp_path / "psk", "per_sample_kl", steps=5120))
+@pytest.mark.parametrize("fast_path", [False, True])
+def test_theorem1_end_to_end_clip_equals_per_sample_kl(tmp_path, fast_path):
+    """With torch autograd (fast_path False) this is Theorem 1 through the whole network and
+    optimiser; the numpy fast path must keep the property."""
+    a = rl.train(dataclasses.replace(small(tmp_path / "clip", "clip", steps=5120),
+                                     fast_path=fast_path))
+    b = rl.train(dataclasses.replace(small(tmp_path / "psk", "per_sample_kl", steps=5120),
+                                     fast_path=fast_path))
     drop = {"loss", "loss_objective"}  # the objectives' values differ; gradients do not
     assert strip(a.metrics, drop) == strip(b.metrics, drop)
     assert any(r["frac_kill"] > 0 for r in a.metrics)
@@ -71,7 +76,8 @@ def test_theorem1_end_to_end_clip_equals_per_sample_kl(tmp_path):
     # with a non-power-of-two minibatch the identity holds to rounding only
     runs = []
     for obj in ("clip", "per_sample_kl"):
-        c = small(tmp_path / f"{obj}96", obj, steps=1536)
+        c = dataclasses.replace(small(tmp_path / f"{obj}96", obj, steps=1536),
+                                fast_path=fast_path)
         c = dataclasses.replace(c, rollout=dataclasses.replace(c.rollout, num_steps=96),
                                 ppo=dataclasses.replace(c.ppo, minibatch_size=96))
         runs.append(torch.load(rl.train(c).run_dir / "checkpoint.pt",
