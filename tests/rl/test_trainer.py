@@ -218,3 +218,26 @@ def test_cli_train_yaml_flags_and_errors(tmp_path, capsys):
     assert "did you mean CartPole-v1" in err and not (tmp_path / "bad").exists()
     assert main(["train", "--env", "LunarLander-v3", "--out", str(tmp_path / "ll")]) == 1
     assert "pip install 'klppo[box2d]'" in capsys.readouterr().err
+
+
+def test_ctrl_c_checkpoints_and_exits_cleanly(tmp_path):
+    run = tmp_path / "int"
+    proc = subprocess.Popen([sys.executable, "-m", "klppo.cli", "train", "--preset",
+                             "klip/cartpole", "--total-steps", "51200", "--out", str(run),
+                             "--no-tensorboard", "--checkpoint-every", "1000"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "status: interrupted" in out
+    n = len(metrics.read_text().splitlines())
+    assert n < 100
+    ck = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert ck["iteration"] == n  # the checkpoint is of the last finished iteration
+    assert json.loads((run / "status.json").read_text())["state"] == "interrupted"
