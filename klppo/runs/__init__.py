@@ -1,0 +1,1 @@
+"""Run directories, metrics sinks, seeding, sweeps."""

@@ -1,0 +1,137 @@
+"""Metric sinks: JSONL (always), TensorBoard (when installed), Weights & Biases (opt-in)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Sink", "JsonlSink", "TensorBoardSink", "WandbSink", "MetricsWriter",
+           "read_metrics", "truncate_metrics", "NAMESPACES"]
+
+#: key prefix -> dashboard namespace (CleanRL style) for TensorBoard and W&B.
+NAMESPACES: dict[str, str] = {
+    "episode_": "charts", "lr": "charts", "loss": "losses", "value_": "losses",
+    "explained_variance": "losses", "entropy": "policy", "kl": "kl", "beta": "kl",
+    "ratio_": "policy", "clip_fraction": "policy", "frac_": "policy", "sps": "perf",
+    "time_": "perf", "early_stop": "policy", "approx": "kl",
+}
+
+
+def namespaced(key: str) -> str:
+    for prefix, ns in NAMESPACES.items():
+        if key.startswith(prefix):
+            return f"{ns}/{key}"
+    return f"other/{key}"
+
+
+class Sink(Protocol):
+    def write(self, step: int, metrics: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+def _json_safe(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else (1e308 if v > 0 else -1e308)
+    return v
+
+
+class JsonlSink:
+    """One JSON object per line, flushed after every write (a killed run loses nothing)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._f = open(self.path, "a")
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        line = json.dumps({k: _json_safe(v) for k, v in metrics.items()})
+        self._f.write(line + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+        self._w = SummaryWriter(str(log_dir))
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "global_step":
+                self._w.add_scalar(namespaced(k), v, step)
+        self._w.flush()
+
+    def close(self) -> None:
+        self._w.close()
+
+
+class WandbSink:
+    def __init__(self, run_dir: Path, name: str, config: dict[str, Any], project: str) -> None:
+        import wandb
+
+        self._run = wandb.init(project=project, name=name, config=config, dir=str(run_dir),
+                               resume="allow", id=name.replace("/", "-")[:120])
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        self._run.log({namespaced(k): v for k, v in metrics.items()
+                       if isinstance(v, (int, float))}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MetricsWriter:
+    """Fan one metrics dict per iteration out to every sink."""
+
+    def __init__(self, sinks: list[Sink]) -> None:
+        self.sinks = sinks
+
+    def write(self, metrics: dict[str, Any]) -> None:
+        step = int(metrics.get("global_step", 0))
+        for s in self.sinks:
+            s.write(step, metrics)
+
+    def close(self) -> None:
+        for s in self.sinks:
+            try:
+                s.close()
+            except Exception:  # a sink failing to close must not lose the others
+                log.exception("closing metrics sink %r failed", s)
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Parse a metrics.jsonl; return (records, number of unparseable lines skipped).
+
+    A run killed mid-write leaves a truncated last line: it is skipped, not fatal.
+    """
+    records, bad = [], 0
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad += 1
+    return records, bad
+
+
+def truncate_metrics(path: Path, keep_iterations: int) -> None:
+    """Keep the first ``keep_iterations`` complete records (used when resuming)."""
+    if not path.exists():
+        return
+    records, _ = read_metrics(path)
+    kept = [r for r in records if int(r.get("iteration", 0)) <= keep_iterations]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for r in kept:
+            f.write(json.dumps(r) + "\n")
+    tmp.replace(path)
