@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="train PPO on a Gymnasium env (klppo train --help)",
                    add_help=False)
+    sub.add_parser("lm", help="language model: klppo lm pretrain (needs the lm extra)",
+                   add_help=False)
+    sub.add_parser("rlhf", help="RLHF-style PPO on a LM; `klppo rlhf compare` runs fixed vs "
+                                "adaptive arms (needs the lm extra)", add_help=False)
     p = sub.add_parser("verify", help="check Theorems 1 and 2 and the controllers on random data")
     p.add_argument("--seed", type=int, default=0, help="seed of the random batches")
     p.add_argument("--batches", type=int, default=200, help="random batches per batch size")
@@ -52,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: sub-commands with their own argument parsing (the rest of argv is passed through)
-PASSTHROUGH: dict[str, str] = {"train": "klppo.cli_train:run_train"}
+PASSTHROUGH: dict[str, str] = {"train": "klppo.cli_train:run_train",
+                               "lm": "klppo.cli_lm:run_lm", "rlhf": "klppo.cli_lm:run_rlhf"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,128 @@
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from klppo.lm.config import RLHFConfig  # noqa: E402
+from klppo.lm.model import (  # noqa: E402
+    PolicyWithValue,
+    frozen_reference,
+    load_lm,
+    small_gpt2,
+    train_tokenizer,  # noqa: E402
+)
+from klppo.lm.reward import checked  # noqa: E402
+from klppo.lm.rlhf import (  # noqa: E402
+    distinct_n,
+    per_token_kl,
+    rlhf,
+    score_sequences,
+    token_rewards,
+)
+from klppo.lm.sampling import generate, response_mask, token_logprobs  # noqa: E402
+
+
+def tiny(vocab=64, seed=0):
+    return small_gpt2(vocab, n_positions=64, n_embd=16, n_layer=2, n_head=2, seed=seed)
+
+
+def test_kv_cache_logprobs_match_a_full_forward():
+    model = tiny().eval()
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 64, (5, 7), generator=gen)
+    responses, logp = generate(model, prompts, 9, gen)
+    assert responses.shape == logp.shape == (5, 9)
+    policy = PolicyWithValue(model)
+    s = score_sequences(policy, None, prompts, responses)
+    assert torch.allclose(s["logp"], logp, atol=1e-5)
+    full = model(input_ids=torch.cat([prompts, responses], 1)).logits
+    assert torch.allclose(token_logprobs(full[:, 6:15], responses), logp, atol=1e-5)
+
+
+def test_kl_to_the_reference_is_exactly_zero_at_step_0():
+    model = tiny()
+    policy, ref = PolicyWithValue(model), frozen_reference(model)
+    prompts = torch.randint(0, 64, (4, 6))
+    responses, _ = generate(model, prompts, 8, torch.Generator().manual_seed(1))
+    s = score_sequences(policy, ref, prompts, responses)
+    mask = torch.ones_like(responses, dtype=torch.bool)
+    for est in ("k1", "k3", "full"):
+        kl = per_token_kl(est, s["logp"], s["logp_ref"], mask, s["logits"], s["logits_ref"])
+        assert torch.equal(kl, torch.zeros_like(kl)), est
+
+
+def test_padding_and_prompt_tokens_never_enter_kl_or_rewards():
+    torch.manual_seed(0)
+    B, R, V = 3, 6, 11
+    logp, logp_ref = -torch.rand(B, R), -torch.rand(B, R)
+    logits, logits_ref = torch.randn(B, R, V), torch.randn(B, R, V)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]]).bool()
+    nan = torch.tensor(float("nan"))
+    for est in ("k1", "k3", "full"):
+        clean = per_token_kl(est, logp, logp_ref, mask, logits, logits_ref)
+        dirty = per_token_kl(est, torch.where(mask, logp, nan), torch.where(mask, logp_ref, nan),
+                             mask, torch.where(mask[..., None], logits, nan),
+                             torch.where(mask[..., None], logits_ref, nan))
+        assert torch.equal(clean, dirty) and bool((dirty[~mask] == 0).all())
+    r = token_rewards(torch.ones(B, R), torch.tensor([1.0, 2.0, 3.0]), mask, 0.5, True)
+    assert r[1].tolist() == [-0.5, -0.5, 1.5, 0, 0, 0] and r[2].tolist() == [2.5, 0, 0, 0, 0, 0]
+    # the scored positions are the response positions only: changing prompt-position logits
+    # of the reference (by changing the prompt) changes nothing but through the context
+    model = tiny()
+    policy, ref = PolicyWithValue(model), frozen_reference(model)
+    s = score_sequences(policy, ref, torch.randint(0, 64, (2, 5)), torch.randint(0, 64, (2, 4)))
+    assert s["logp"].shape == s["logp_ref"].shape == s["values"].shape == (2, 4)
+    assert response_mask(torch.tensor([[3, 0, 5, 0]]), 0, True).tolist() == [[1, 1, 0, 0]]
+
+
+def test_reward_interface_rejects_mismatched_lengths():
+    with pytest.raises(ValueError, match="2 prompts but 3 responses"):
+        checked(lambda p, r: [0.0] * len(r), ["a", "b"], ["x", "y", "z"])
+    with pytest.raises(ValueError, match="3 responses but 2 scores"):
+        checked(lambda p, r: [0.0, 1.0], ["a", "b", "c"], ["x", "y", "z"])
+    with pytest.raises(ValueError, match="not finite"):
+        checked(lambda p, r: [float("nan")], ["a"], ["x"])
+    assert distinct_n([[1, 2, 1, 2]], 2) == pytest.approx(2 / 3)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_lm")
+    tok = train_tokenizer("Emma was happy. Mr. Knightley was not. " * 200, vocab_size=300)
+    model = small_gpt2(len(tok), n_positions=160, n_embd=16, n_layer=1, n_head=2)
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def test_saved_model_loads_with_auto_classes(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.n_layer == 1
+    assert AutoTokenizer.from_pretrained(tiny_model_dir).eos_token == "<|endoftext|>"
+    model, tok = load_lm(tiny_model_dir)
+    assert tok.pad_token is not None
+    with pytest.raises(FileNotFoundError, match="klppo lm pretrain"):
+        load_lm(tiny_model_dir / "nope")
+
+
+def test_two_iteration_run_writes_the_expected_metrics(tiny_model_dir, tmp_path):
+    cfg = RLHFConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), iterations=2,
+                     batch_size=4, minibatch_size=2, prompt_len=6, response_len=5,
+                     eval_every=1, eval_windows=2, controller="proportional", beta=0.1,
+                     target=1.0, ppo_epochs=1)
+    res = rlhf(cfg, reward=lambda p, r: [float(len(x) % 3) for x in r])
+    recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(recs) == 2
+    for k in ("score", "kl", "kl_unit", "kl_k1_per_sequence_sum", "kl_k3_per_sequence_sum",
+              "kl_abs_error", "beta", "beta_after", "score_minus_beta_kl", "clip_fraction",
+              "distinct_2", "tokens_per_second_generation", "tokens_per_second_scoring",
+              "tokens_per_second_training", "held_out_perplexity", "samples"):
+        assert k in recs[1], k
+    assert recs[0]["kl"] == 0.0 and recs[0]["kl_unit"] == "per_sequence_sum"
+    assert recs[1]["beta"] == recs[0]["beta_after"]
+    assert (res.run_dir / "policy" / "config.json").exists()
+    assert json.loads((res.run_dir / "status.json").read_text())["state"] == "finished"
