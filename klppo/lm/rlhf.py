@@ -155,7 +155,6 @@ class _RLHF:
         k1 = per_token_kl("k1", s["logp"], s["logp_ref"], mask)
         k3 = per_token_kl("k3", s["logp"], s["logp_ref"], mask)
         rewards = token_rewards(kl, score, mask, beta, c.kl_placement == "reward")
-        T = mask.shape[1]
         last = mask.long().sum(1) - 1
         term = torch.zeros_like(mask)
         term[torch.arange(len(last)), last] = True

@@ -44,7 +44,7 @@ def generate(model, prompts: torch.Tensor, response_len: int,
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``log p(tokens)`` from logits that predict them: ``[B, L, V]`` and ``[B, L]`` -> ``[B, L]``."""
+    """``log p(tokens)`` from the logits that predict them: ``[B, L, V], [B, L] -> [B, L]``."""
     return torch.log_softmax(logits.float(), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
