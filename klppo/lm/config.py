@@ -61,7 +61,7 @@ class RLHFConfig:
     """PPO epochs per iteration"""
     minibatch_size: int = 8
     """sequences per minibatch"""
-    lr: float = 3e-4
+    lr: float = 1e-4
     """Adam learning rate of the policy and value head"""
     eps: float = 0.2
     """PPO clip radius"""
