@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev
 
-.PHONY: venv demo test test-all lint bench clean
+.PHONY: venv demo test test-all lint bench rlhf clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,12 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_losses.py
+
+# The RLHF comparison (needs the lm extra): pretrain the reference once, then 4 arms x 2 seeds.
+rlhf:
+	$(MAKE) venv EXTRAS=dev,lm
+	test -f runs/lm/base/config.json || $(BIN)/klppo lm pretrain --out runs/lm/base
+	$(BIN)/klppo rlhf compare --model runs/lm/base --out runs/rlhf-compare --seeds 0 1
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
