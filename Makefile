@@ -32,7 +32,8 @@ bench: $(STAMP)
 
 # The RLHF comparison (needs the lm extra): pretrain the reference once, then 4 arms x 2 seeds.
 rlhf:
-	$(MAKE) venv EXTRAS=dev,lm
+	$(MAKE) venv
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[lm]'
 	test -f runs/lm/base/config.json || $(BIN)/klppo lm pretrain --out runs/lm/base
 	$(BIN)/klppo rlhf compare --model runs/lm/base --out runs/rlhf-compare --seeds 0 1
 
