@@ -78,7 +78,10 @@ class RLHFConfig:
     eval_every: int = 10
     """iterations between held-out perplexity evaluations (and sample texts)"""
     eval_windows: int = 64
-    """held-out windows of 128 tokens for perplexity"""
+    """held-out windows for perplexity (evenly spaced, the same ones every evaluation)"""
+    eval_seq_len: int = 64
+    """tokens per held-out window (the pretraining context: longer windows reach positions the
+    model never trained on)"""
     checkpoint_every: int = 25
     """iterations between checkpoints"""
     torch_threads: int = 1
@@ -98,7 +101,7 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
         return ValueError(f"{field}={getattr(c, field)!r}: {why}")
 
     for f in ("iterations", "batch_size", "prompt_len", "response_len", "ppo_epochs",
-              "minibatch_size", "eval_every", "eval_windows", "checkpoint_every",
+              "minibatch_size", "eval_every", "eval_windows", "eval_seq_len", "checkpoint_every",
               "torch_threads"):
         if not isinstance(getattr(c, f), int) or getattr(c, f) < 1:
             raise bad(f, "must be an integer >= 1")

@@ -130,7 +130,8 @@ class _RLHF:
         self.train_ids = encode(self.tok, split.train)
         self.held_ids = encode(self.tok, split.held_out)
         self.eos = self.tok.eos_token_id
-        self.ppl_initial = perplexity(self.policy.lm, self.held_ids, 128, cfg.eval_windows)
+        self.ppl_initial = perplexity(self.policy.lm, self.held_ids, cfg.eval_seq_len,
+                                      cfg.eval_windows)
 
     def prompts(self) -> torch.Tensor:
         c = self.cfg
@@ -196,7 +197,7 @@ class _RLHF:
             **stats,
         }
         if it % c.eval_every == 0 or it == 1 or it == c.iterations:
-            m["held_out_perplexity"] = perplexity(self.policy.lm, self.held_ids, 128,
+            m["held_out_perplexity"] = perplexity(self.policy.lm, self.held_ids, c.eval_seq_len,
                                                   c.eval_windows)
             m["held_out_perplexity_initial"] = self.ppl_initial  # before any update
             m["samples"] = [{"prompt": p, "response": r, "score": float(x)}

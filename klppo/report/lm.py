@@ -63,6 +63,10 @@ def _curves(by_arm: dict[str, list[list[dict]]], key: str, title: str, ylabel: s
     for arm, runs in sorted(by_arm.items()):
         xs = [r["episodes"] for r in runs[0] if key in r]
         ys = np.array([[r[key] for r in recs if key in r] for recs in runs], float)
+        init = f"{key}_initial"  # the value before any update, plotted at episode 0
+        if all(init in recs[0] for recs in runs):
+            xs = [0] + xs
+            ys = np.concatenate([[[recs[0][init]] for recs in runs], ys], 1)
         n = min(len(xs), ys.shape[1])
         ls = "--" if arm.startswith("fixed") else "-"
         ax.plot(xs[:n], ys[:, :n].mean(0), ls=ls, marker="o" if sparse else None, ms=3,
