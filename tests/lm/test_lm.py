@@ -119,8 +119,9 @@ def test_two_iteration_run_writes_the_expected_metrics(tiny_model_dir, tmp_path)
     assert len(recs) == 2
     for k in ("score", "kl", "kl_unit", "kl_k1_per_sequence_sum", "kl_k3_per_sequence_sum",
               "kl_abs_error", "beta", "beta_after", "score_minus_beta_kl", "clip_fraction",
-              "distinct_2", "held_out_perplexity_initial", "tokens_per_second_generation", "tokens_per_second_scoring",
-              "tokens_per_second_training", "held_out_perplexity", "samples"):
+              "distinct_2", "held_out_perplexity_initial", "tokens_per_second_generation",
+              "tokens_per_second_scoring", "tokens_per_second_training", "held_out_perplexity",
+              "samples"):
         assert k in recs[1], k
     assert recs[0]["kl"] == 0.0 and recs[0]["kl_unit"] == "per_sequence_sum"
     assert recs[1]["beta"] == recs[0]["beta_after"]
