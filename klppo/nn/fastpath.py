@@ -187,6 +187,22 @@ class FastStep:
         return {"logp": logp, "values": value, "entropy": entropy, "kl": kl, "grad_norm": norm,
                 **terms}
 
+    def policy_kl(self, obs: np.ndarray, old_params: np.ndarray) -> float:
+        """Mean analytic KL(old || current) over ``obs`` (nats per sample), numpy forward."""
+        out = self._forward(self.actor, obs)[-1]
+        if self.categorical:
+            z = out - out.max(1, keepdims=True)
+            logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+            zo = old_params - old_params.max(1, keepdims=True)
+            lo = zo - np.log(np.exp(zo).sum(1, keepdims=True))
+            return float((np.exp(lo) * (lo - logp)).sum(1).mean())
+        d = out.shape[1]
+        mo, lso = old_params[:, :d], old_params[:, d:]
+        ls = self.log_std
+        kl = 0.5 * (np.exp(2 * (lso - ls)) + (mo - out) ** 2 * np.exp(-2 * ls) - 1
+                     - 2 * (lso - ls)).sum(1)
+        return float(kl.mean())
+
     def state_dict(self) -> dict[str, Any]:
         """Adam state (the parameters themselves live in the model's state_dict)."""
         return {"lr": self.lr, "m": self.m.copy(), "v": self.v.copy(), "t": self.t}

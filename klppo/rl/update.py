@@ -228,6 +228,8 @@ class Learner:
     @torch.no_grad()
     def rollout_kl(self, batch: Batch) -> float:
         """Analytic KL(rollout policy || updated policy), per-sample mean over the rollout."""
+        if self.fast:
+            return self.optimizer.policy_kl(batch.obs.numpy(), batch.params.numpy())
         params = self.agent.policy_params(batch.obs)
         return float(self.head.kl(batch.params, params).mean())
 

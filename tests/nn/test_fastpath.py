@@ -64,6 +64,10 @@ def test_fast_step_matches_autograd_and_adam(head, objective, ent_coef, opts):
         step.step(obs, act, old, lo, adv, ret, vold, 0.7, ent_coef > 0, loss.needs_analytic_kl)
     for (name, p), q in zip(agent.named_parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=2e-6, rtol=1e-5), name
+    obs, _, old = batches[0][:3]
+    with torch.no_grad():
+        expect = h.kl(torch.from_numpy(old), agent.policy_params(torch.from_numpy(obs))).mean()
+    assert step.policy_kl(obs, old) == pytest.approx(float(expect), rel=1e-4, abs=1e-7)
     assert all(not torch.equal(a, b) for a, b in zip(start, ref.parameters()))  # they moved
 
 
