@@ -109,11 +109,14 @@ def test_saved_model_loads_with_auto_classes(tiny_model_dir):
         load_lm(tiny_model_dir / "nope")
 
 
-def test_two_iteration_run_writes_the_expected_metrics(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("placement, estimator", [("reward", "k1"), ("loss", "k3"),
+                                                  ("reward", "full")])
+def test_two_iteration_run_writes_the_expected_metrics(tiny_model_dir, tmp_path, placement,
+                                                       estimator):
     cfg = RLHFConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), iterations=2,
                      batch_size=4, minibatch_size=2, prompt_len=6, response_len=5,
                      eval_every=1, eval_windows=2, controller="proportional", beta=0.1,
-                     target=1.0, ppo_epochs=1)
+                     target=1.0, ppo_epochs=1, kl_placement=placement, kl_estimator=estimator)
     res = rlhf(cfg, reward=lambda p, r: [float(len(x) % 3) for x in r])
     recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(recs) == 2
@@ -126,4 +129,24 @@ def test_two_iteration_run_writes_the_expected_metrics(tiny_model_dir, tmp_path)
     assert recs[0]["kl"] == 0.0 and recs[0]["kl_unit"] == "per_sequence_sum"
     assert recs[1]["beta"] == recs[0]["beta_after"]
     assert (res.run_dir / "policy" / "config.json").exists()
+    assert ("kl_loss_k3" in recs[1]) == (placement == "loss")
+    assert recs[1]["kl_estimator"] == estimator
     assert json.loads((res.run_dir / "status.json").read_text())["state"] == "finished"
+
+
+def test_classifier_reward_from_a_local_hf_model(tmp_path):
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    from klppo.lm.reward import ClassifierReward, make_reward
+
+    tok = train_tokenizer("good bad fine awful lovely " * 100, vocab_size=280)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=8, n_layer=1, n_head=2,
+                     num_labels=2, pad_token_id=tok.pad_token_id)
+    GPT2ForSequenceClassification(cfg).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    r = ClassifierReward(tmp_path, label=1, probability=True)
+    scores = checked(r, ["a", "b"], ["good lovely", "awful"])
+    assert len(scores) == 2 and all(0 <= x <= 1 for x in scores)
+    assert checked(make_reward(f"classifier:{tmp_path}:0"), ["a"], ["fine"])
+    with pytest.raises(ValueError, match="reward="):
+        make_reward("imdb")

@@ -241,3 +241,17 @@ def test_ctrl_c_checkpoints_and_exits_cleanly(tmp_path):
     ck = torch.load(run / "checkpoint.pt", weights_only=False)
     assert ck["iteration"] == n  # the checkpoint is of the last finished iteration
     assert json.loads((run / "status.json").read_text())["state"] == "interrupted"
+
+
+def test_tensorboard_events_when_installed(tmp_path):
+    pytest.importorskip("tensorboard")
+    res = rl.train(dataclasses.replace(small(tmp_path / "tb", steps=1024), tensorboard=True))
+    events = list(res.run_dir.glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(res.run_dir))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "charts/episode_return_mean" in tags and "kl/kl_rollout" in tags
+    assert "policy/frac_kill" in tags and "losses/loss_critic" in tags
