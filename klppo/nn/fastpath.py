@@ -89,6 +89,7 @@ class FastStep:
             return out
 
         self.actor, self.critic = layers(agent.actor), layers(agent.critic)
+        self._bufs: dict[tuple, np.ndarray] = {}
         self.categorical = isinstance(agent.head, CategoricalHead)
         if not self.categorical:
             s, e = spans[index[id(agent.log_std)]]
@@ -97,32 +98,51 @@ class FastStep:
     def set_lr(self, lr: float) -> None:
         self.lr = float(lr)
 
-    @staticmethod
-    def _forward(layers, x):
+    def _buf(self, key: tuple, shape: tuple[int, ...]) -> np.ndarray:
+        """A reusable float32 work array: temporaries of minibatch size would otherwise cost
+        an allocation (and page faults) each, several times the arithmetic at 2048 samples."""
+        k = (key, shape)
+        b = self._bufs.get(k)
+        if b is None:
+            b = self._bufs[k] = np.empty(shape, np.float32)
+        return b
+
+    def _forward(self, layers, x, tag: str):
         acts = [x]
         for k, (w, b, _, _) in enumerate(layers):
-            x = x @ w.T + b
+            out = self._buf((tag, "a", k), (x.shape[0], w.shape[0]))
+            np.matmul(x, w.T, out=out)
+            np.add(out, b, out=out)
             if k < len(layers) - 1:
-                np.tanh(x, out=x)
-            acts.append(x)
+                np.tanh(out, out=out)
+            acts.append(out)
+            x = out
         return acts
 
-    @staticmethod
-    def _backward(layers, acts, g) -> None:
+    def _backward(self, layers, acts, g, tag: str) -> None:
+        n = g.shape[0]
+        ones = self._bufs.get(("ones", n))
+        if ones is None:
+            ones = self._bufs[("ones", n)] = np.ones(n, np.float32)
         for k in range(len(layers) - 1, -1, -1):
             w, _, gw, gb = layers[k]
             np.matmul(g.T, acts[k], out=gw)
-            np.sum(g, axis=0, out=gb)
+            np.matmul(ones, g, out=gb)  # column sums, several times faster than sum(axis=0)
             if k:
-                g = g @ w
-                g *= 1.0 - acts[k] * acts[k]
+                gn = self._buf((tag, "g", k), (n, w.shape[1]))
+                np.matmul(g, w, out=gn)
+                tmp = self._buf((tag, "t", k), gn.shape)
+                np.multiply(acts[k], acts[k], out=tmp)
+                np.subtract(1.0, tmp, out=tmp)
+                np.multiply(gn, tmp, out=gn)
+                g = gn
 
     def step(self, obs, actions, old_params, logp_old, adv, returns, old_values, beta,
              want_entropy_grad: bool, want_kl_grad: bool) -> dict[str, Any]:
         """Apply one update; return per-sample outputs (numpy) and the loss terms (torch)."""
-        a_acts = self._forward(self.actor, obs)
-        c_acts = self._forward(self.critic, obs)
-        out, value = a_acts[-1], c_acts[-1][:, 0]
+        a_acts = self._forward(self.actor, obs, "actor")
+        c_acts = self._forward(self.critic, obs, "critic")
+        out, value = a_acts[-1], c_acts[-1][:, 0].copy()  # buffers are reused: copy what leaves
         n = obs.shape[0]
         if self.categorical:
             z = out - out.max(1, keepdims=True)
@@ -167,8 +187,8 @@ class FastStep:
                 g_out -= g_kl[:, None] * diff * inv_std**2
                 g_ls += (g_kl[:, None] * (1 - var_ratio - diff * diff * inv_std**2)).sum(0)
             self.g_log_std[:] = g_ls
-        self._backward(self.actor, a_acts, g_out.astype(np.float32, copy=False))
-        self._backward(self.critic, c_acts, g_val[:, None])
+        self._backward(self.actor, a_acts, g_out.astype(np.float32, copy=False), "actor")
+        self._backward(self.critic, c_acts, np.ascontiguousarray(g_val[:, None]), "critic")
         # ---- clip and Adam on the flat buffer
         g = self.grad
         norm = float(np.sqrt(np.dot(g, g)))
@@ -189,7 +209,7 @@ class FastStep:
 
     def policy_kl(self, obs: np.ndarray, old_params: np.ndarray) -> float:
         """Mean analytic KL(old || current) over ``obs`` (nats per sample), numpy forward."""
-        out = self._forward(self.actor, obs)[-1]
+        out = self._forward(self.actor, obs, "actor")[-1]
         if self.categorical:
             z = out - out.max(1, keepdims=True)
             logp = z - np.log(np.exp(z).sum(1, keepdims=True))
