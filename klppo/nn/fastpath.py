@@ -121,13 +121,12 @@ class FastStep:
 
     def _backward(self, layers, acts, g, tag: str) -> None:
         n = g.shape[0]
-        ones = self._bufs.get(("ones", n))
-        if ones is None:
-            ones = self._bufs[("ones", n)] = np.ones(n, np.float32)
         for k in range(len(layers) - 1, -1, -1):
             w, _, gw, gb = layers[k]
             np.matmul(g.T, acts[k], out=gw)
-            np.matmul(ones, g, out=gb)  # column sums, several times faster than sum(axis=0)
+            # np.sum, not ones @ g (5x faster at 2048 rows): the summation order changes the
+            # rounding and with it whole trajectories; the learning numbers were measured so
+            np.sum(g, axis=0, out=gb)
             if k:
                 gn = self._buf((tag, "g", k), (n, w.shape[1]))
                 np.matmul(g, w, out=gn)
