@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from klppo.nn._rowops import row_cumsum, row_max, row_sum
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.distributions import CategoricalHead
 
@@ -89,12 +90,16 @@ class NumpyMLPRunner:
         out = _forward(self.actor, obs)
         value = _forward(self.critic, obs)[:, 0]
         if self.categorical:
-            z = out - out.max(1, keepdims=True)
-            logp_all = z - np.log(np.exp(z).sum(1, keepdims=True))
-            cdf = np.cumsum(np.exp(logp_all), 1)
-            u = self.rng.random(obs.shape[0], dtype=np.float32)[:, None] * cdf[:, -1:]
-            action = np.minimum((u >= cdf).sum(1), out.shape[1] - 1)
-            logp = logp_all[np.arange(obs.shape[0]), action]
+            n, k = out.shape
+            z = out - row_max(out)
+            logp_all = z - np.log(row_sum(np.exp(z)))
+            cdf = row_cumsum(np.exp(logp_all))
+            u = self.rng.random(n, dtype=np.float32)[:, None] * cdf[:, -1:]
+            below = u >= cdf  # inverse-CDF sampling: the action is the count of edges passed
+            action = np.zeros(n, np.int64)
+            for j in range(k - 1):  # the last edge can only add past k - 1 (cdf is monotone)
+                action += below[:, j]
+            logp = np.take_along_axis(logp_all, action[:, None], 1)[:, 0]
             return action, logp, out, value
         log_std = np.broadcast_to(self.log_std, out.shape)
         noise = self.rng.standard_normal(out.shape, dtype=np.float32)

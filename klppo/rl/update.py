@@ -108,6 +108,7 @@ class Learner:
             for _epoch in range(p.update_epochs):
                 perm = torch.randperm(B, generator=self.gen)
                 self._epoch_kls = []
+                steps_before = len(keep["idx"])
                 for start in range(0, B, mb):
                     idx = perm[start:start + mb]
                     beta = self.controller.value if self.uses_beta else 0.0
@@ -117,22 +118,17 @@ class Learner:
                                 batch, idx, npb, i, p.target_kl):
                             early_stopped, stop = 1.0, True
                             break
-                        r = self.optimizer.step(
-                            npb["obs"][i], npb["actions"][i], npb["params"][i], npb["logp"][i],
-                            np_adv[i], npb["returns"][i], npb["values"][i], beta,
-                            p.ent_coef > 0, needs_kl)
-                        out = {k: v for k, v in r.items() if k.startswith("loss")
-                               or k == "kl_penalty"}
-                        logp_new = torch.from_numpy(r["logp"])
-                        values = torch.from_numpy(r["values"])
-                        entropy = torch.from_numpy(r["entropy"])
-                        kl = torch.from_numpy(r["kl"])
-                        grad_norm = torch.tensor(r["grad_norm"])
-                        self._record(keep, idx, logp_new, values, entropy, kl, adv, grad_norm,
-                                     out)
-                        self._last_kl = self._minibatch_kl(out, kl)
+                        a_i = np.take(np_adv, i)
+                        r = self.optimizer.step(*(np.take(npb[k], i, axis=0) for k in (
+                            "obs", "actions", "params", "logp")), a_i, np.take(npb["returns"], i),
+                            np.take(npb["values"], i), beta, p.ent_coef > 0, needs_kl)
+                        self._record(keep, i, r["logp"], r["values"], r["entropy"], r["kl"],
+                                     a_i, r["grad_norm"], r)
+                        if not self.uses_beta:  # no controller reads the minibatch KL
+                            continue
+                        self._last_kl = r["kl_penalty"]  # every beta objective has the term
                         self._epoch_kls.append(self._last_kl)
-                        if kcfg.cadence == "minibatch" and self.uses_beta:
+                        if kcfg.cadence == "minibatch":
                             self.controller.update(float(self._last_kl), n_steps=mb)
                             ctrl_updates.append(self.controller.info.as_dict())
                         continue
@@ -151,42 +147,48 @@ class Learner:
                             early_stopped, stop = 1.0, True
                             break
                     grad_norm = self.optimizer.step(out["loss"])
-                    self._record(keep, idx, logp_new, values, entropy, kl, adv, grad_norm, out)
+                    self._record(keep, idx, logp_new, values, entropy, kl, adv[idx], grad_norm,
+                                 out)
                     self._last_kl = self._minibatch_kl(out, kl)
                     self._epoch_kls.append(self._last_kl)
                     if kcfg.cadence == "minibatch" and self.uses_beta:
                         self.controller.update(float(self._last_kl), n_steps=mb)
                         ctrl_updates.append(self.controller.info.as_dict())
                 epochs_done += 1
-                if stop or not self._epoch_kls:
+                if stop or len(keep["idx"]) == steps_before:
                     break
                 if kcfg.cadence == "epoch" and self.uses_beta:
-                    d = (torch.stack(self._epoch_kls).mean() if kcfg.measure == "epoch_mean"
+                    d = (_concat(self._epoch_kls).mean() if kcfg.measure == "epoch_mean"
                          else self._last_kl)
                     self.controller.update(float(d), n_steps=B)
                     ctrl_updates.append(self.controller.info.as_dict())
                 if p.early_stop == "epoch":
-                    last_idx, last_logp = keep["idx"][-1], keep["logp"][-1]
+                    last_idx, last_logp = (torch.as_tensor(keep[k][-1]) for k in ("idx", "logp"))
                     lr_ = last_logp - batch.logp[last_idx]
                     if float((lr_.expm1() - lr_).mean()) > p.target_kl:
                         early_stopped = 1.0
                         break
-        metrics = self._diagnostics(batch, keep)
+        with validation(False):  # the loss was checked; everything else derives from the rollout
+            metrics = self._diagnostics(batch, keep)
         metrics.update(early_stop=early_stopped, epochs=float(epochs_done),
                        minibatch_steps=float(len(keep["idx"])))
         return UpdateResult(metrics, ctrl_updates)
 
     @staticmethod
     def _record(keep, idx, logp_new, values, entropy, kl, adv, grad_norm, out) -> None:
+        """Keep one step's detached outputs: tensors (torch path) or numpy arrays and floats
+        (fast path); :func:`_concat` joins either kind."""
         for k, v in (("idx", idx), ("logp", logp_new), ("values", values),
-                     ("entropy", entropy), ("kl", kl), ("adv", adv[idx]),
+                     ("entropy", entropy), ("kl", kl), ("adv", adv),
                      ("grad_norm", grad_norm), ("loss", out["loss"]),
                      ("loss_objective", out["loss_objective"]),
                      ("loss_critic", out["loss_critic"]),
                      ("loss_entropy", out["loss_entropy"])):
-            keep[k].append(v.detach())
+            keep[k].append(v.detach() if isinstance(v, torch.Tensor) else v)
         if "kl_penalty" in out:
-            keep.setdefault("kl_penalty", []).append(out["kl_penalty"].detach())
+            v = out["kl_penalty"]
+            keep.setdefault("kl_penalty", []).append(
+                v.detach() if isinstance(v, torch.Tensor) else v)
 
     def _k3_too_high(self, batch, idx, npb, i, target_kl) -> bool:
         """SB3's minibatch early stop, checked before the step: k3 > 1.5 target."""
@@ -200,7 +202,9 @@ class Learner:
         """SPEC section 3 diagnostics over every sample of every minibatch step."""
         if not keep["idx"]:
             return {}
-        cat = {k: torch.cat(v) if v[0].dim() else torch.stack(v) for k, v in keep.items()}
+        cat = {k: _concat(v) for k, v in keep.items()}
+        if not bool(torch.isfinite(cat["loss"]).all()):
+            raise FloatingPointError("the PPO loss became non-finite during the update")
         idx = cat["idx"]
         logp_old, adv = batch.logp[idx], cat["adv"]
         ratio = torch.exp(cat["logp"] - logp_old)
@@ -221,8 +225,6 @@ class Learner:
         for k in ("loss", "loss_objective", "loss_critic", "loss_entropy", "kl_penalty"):
             if k in cat:
                 d[k] = cat[k].mean()
-        if not bool(torch.isfinite(cat["loss"]).all()):
-            raise FloatingPointError("the PPO loss became non-finite during the update")
         return {k: float(v) for k, v in d.items()}
 
     @torch.no_grad()
@@ -239,5 +241,16 @@ class Learner:
         if m == "rollout" or self._last_kl is None:
             return self.rollout_kl(batch)
         if m == "epoch_mean":
-            return float(torch.stack(self._epoch_kls).mean())
+            return float(_concat(self._epoch_kls).mean())
         return float(self._last_kl)
+
+
+def _concat(parts: list) -> torch.Tensor:
+    """One tensor from per-step pieces: tensors or numpy arrays are concatenated, scalars
+    (0-d tensors or floats) stacked; floats become float32 like ``torch.tensor(x)``."""
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts) if first.dim() else torch.stack(parts)
+    if isinstance(first, np.ndarray):
+        return torch.from_numpy(np.concatenate(parts))
+    return torch.tensor(parts, dtype=torch.float32)
