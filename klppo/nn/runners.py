@@ -53,6 +53,8 @@ class TorchRunner:
 
 def _mlp_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]] | None:
     """Zero-copy (W^T, b) views of a Linear/Tanh stack, or None when it is anything else."""
+    if not isinstance(seq, nn.Sequential):
+        return None
     mods = list(seq)
     layers = []
     for i, m in enumerate(mods):
