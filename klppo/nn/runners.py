@@ -68,9 +68,11 @@ def _mlp_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]] | Non
 
 
 def _forward(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+    last = len(layers) - 1
     for k, (wt, b) in enumerate(layers):
-        x = x @ wt + b
-        if k < len(layers) - 1:
+        x = np.matmul(x, wt)
+        np.add(x, b, out=x)
+        if k < last:
             np.tanh(x, out=x)
     return x
 
@@ -101,7 +103,7 @@ class NumpyMLPRunner:
             action = np.zeros(n, np.int64)
             for j in range(k - 1):  # the last edge can only add past k - 1 (cdf is monotone)
                 action += below[:, j]
-            logp = np.take_along_axis(logp_all, action[:, None], 1)[:, 0]
+            logp = logp_all[np.arange(n), action]
             return action, logp, out, value
         log_std = np.broadcast_to(self.log_std, out.shape)
         noise = self.rng.standard_normal(out.shape, dtype=np.float32)
