@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 
 from klppo.core._checks import check_same_shape
@@ -54,6 +55,15 @@ def gae(
     deltas = rewards + gamma * (1.0 - term) * next_values - values
     decay = gamma * lam * cont
     adv = torch.empty_like(rewards)
+    if (adv.device.type == "cpu" and adv.dtype in (torch.float32, torch.float64)
+            and not (deltas.requires_grad or decay.requires_grad)):
+        # the same float operations on numpy views of the tensors, a tenth of the per-call cost
+        d, k, a = deltas.numpy(), decay.numpy(), adv.numpy()
+        last = np.zeros_like(a[0])
+        for t in range(a.shape[0] - 1, -1, -1):
+            last = d[t] + k[t] * last
+            a[t] = last
+        return adv, adv + values
     last = torch.zeros_like(rewards[0])
     for t in range(rewards.shape[0] - 1, -1, -1):
         last = deltas[t] + decay[t] * last

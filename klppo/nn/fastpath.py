@@ -131,8 +131,8 @@ class FastStep:
             col_sum(g, gb)
             if k:
                 gn = self._buf((tag, "g", k), (n, w.shape[1]))
-                if w.shape[0] == 1:  # a one-output layer: an outer product, one rounding either
-                    np.multiply(g, w, out=gn)  # way, 3x faster than BLAS with K = 1
+                if w.shape[0] == 1:  # one output: an outer product (one rounding, as in
+                    np.einsum("i,j->ij", g[:, 0], w[0], out=gn)  # BLAS), 4x faster
                 else:
                     np.matmul(g, w, out=gn)
                 tmp = self._buf((tag, "t", k), gn.shape)
