@@ -271,6 +271,8 @@ def train(config: TrainConfig,
     """Train from scratch into a new run directory (``config.out`` or a default name)."""
     validate(config)
     _resolve_id(config.env)  # an unknown env fails before any directory is created
+    if config.track == "wandb":
+        M.require_wandb()
     out = config.out or str(Path(config.runs_root) /
                             R.default_run_name(config.env, config.objective, config.seed))
     run_dir = R.create_run_dir(out)

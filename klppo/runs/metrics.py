@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -10,8 +11,8 @@ from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Sink", "JsonlSink", "TensorBoardSink", "WandbSink", "MetricsWriter",
-           "read_metrics", "truncate_metrics", "NAMESPACES"]
+__all__ = ["Sink", "JsonlSink", "TensorBoardSink", "WandbSink", "require_wandb",
+           "wandb_run_id", "MetricsWriter", "read_metrics", "truncate_metrics", "NAMESPACES"]
 
 #: key prefix -> dashboard namespace (CleanRL style) for TensorBoard and W&B.
 NAMESPACES: dict[str, str] = {
@@ -72,16 +73,38 @@ class TensorBoardSink:
         self._w.close()
 
 
+def require_wandb() -> None:
+    """Fail early, naming the pip command, when ``--track wandb`` is asked without wandb."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"track='wandb' needs the wandb package: pip install 'klppo[wandb]' "
+                          f"({e})") from None
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """A W&B run id that is stable for one run directory (so ``--resume`` continues the same
+    W&B run) and distinct for two directories with the same name (sweeps reuse names)."""
+    path = str(Path(run_dir).resolve())
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(path).name)
+    return f"{safe[:100]}-{hashlib.sha1(path.encode()).hexdigest()[:10]}"
+
+
 class WandbSink:
+    """Logs every numeric metric under its namespace at ``step = global_step``. Offline mode
+    (``WANDB_MODE=offline``) writes the run under ``run_dir/wandb``."""
+
     def __init__(self, run_dir: Path, name: str, config: dict[str, Any], project: str) -> None:
+        require_wandb()
         import wandb
 
         self._run = wandb.init(project=project, name=name, config=config, dir=str(run_dir),
-                               resume="allow", id=name.replace("/", "-")[:120])
+                               resume="allow", id=wandb_run_id(run_dir))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         self._run.log({namespaced(k): v for k, v in metrics.items()
-                       if isinstance(v, (int, float))}, step=step)
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and k != "global_step"}, step=step)
 
     def close(self) -> None:
         self._run.finish()
