@@ -71,8 +71,9 @@ def _progress(total: int):
     def on_done(entry) -> None:
         state["done"] += 1
         msg = f" ({entry.error})" if entry.error else ""
+        took = "skipped, " if entry.wall_s is None else f"{entry.wall_s:.0f} s, "
         print(f"[{state['done']}/{total}] {entry.name}: {entry.state}{msg} "
-              f"({time.perf_counter() - state['t0']:.0f}s)", flush=True)
+              f"({took}sweep at {time.perf_counter() - state['t0']:.0f} s)", flush=True)
     return on_done
 
 

@@ -19,6 +19,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,8 @@ class RunEntry:
     overrides: dict[str, Any]
     state: str = "pending"
     error: str | None = None
+    wall_s: float | None = None
+    """wall time of this run's worker process in this sweep invocation (None: skipped)"""
 
 
 @dataclass
@@ -131,23 +134,26 @@ def expand(spec: SweepSpec) -> list[tuple[RunEntry, C.TrainConfig]]:
 def run_one(run_dir: str) -> dict[str, Any]:
     """Run (or resume, or skip) one sweep run in a fresh Python process; never raises.
 
-    Returns ``{"state", "error"}``. This is the function the local pool and Ray both call.
+    Returns ``{"state", "error", "wall_s"}``. This is the function the local pool and Ray
+    both call.
     """
     run_dir = str(run_dir)
     status = R.read_status(Path(run_dir))
     if status and status.get("state") == "finished":
-        return {"state": "finished", "error": None}
+        return {"state": "finished", "error": None, "wall_s": None}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "klppo.runs.worker", run_dir],
                           capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
     status = R.read_status(Path(run_dir)) or {}
     if proc.returncode == 0 and status.get("state") == "finished":
-        return {"state": "finished", "error": None}
+        return {"state": "finished", "error": None, "wall_s": wall}
     err = status.get("error") or f"worker exited with code {proc.returncode}"
     tb = status.get("traceback") or proc.stderr[-4000:]
     if status.get("state") != "failed":  # killed from outside, or a hard crash
         R.write_status(Path(run_dir), "failed", error=err, traceback=tb)
-    return {"state": "failed", "error": err, "traceback": tb}
+    return {"state": "failed", "error": err, "traceback": tb, "wall_s": wall}
 
 
 def _write_index(sweep_dir: Path, entries: list[RunEntry]) -> None:
@@ -190,7 +196,7 @@ def run_sweep(
 
     def done(name: str, res: dict[str, Any]) -> None:
         e = next(x for x in entries if x.name == name)
-        e.state, e.error = res["state"], res.get("error")
+        e.state, e.error, e.wall_s = res["state"], res.get("error"), res.get("wall_s")
         _write_index(sweep_dir, entries)
         if on_done is not None:
             on_done(e)

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,6 +56,7 @@ def test_crash_isolation_and_summary(tmp_path, capsys):
     assert state["good"].state == "finished"
     assert state["nan"].state == "failed" and "non-finite" in state["nan"].error
     assert state["segv"].state == "failed" and "exited with code 3" in state["segv"].error
+    assert all(e.wall_s is not None and e.wall_s > 0 for e in res.entries)
     index = json.loads((tmp_path / "sw" / "index.json").read_text())
     assert {r["condition"]: r["state"] for r in index["runs"]} == {
         "good": "finished", "nan": "failed", "segv": "failed"}
@@ -72,6 +74,10 @@ def test_crash_isolation_and_summary(tmp_path, capsys):
                  "--workers", "2"]) == 1
     out = capsys.readouterr().out
     assert "1 finished, 2 failed" in out and "FAILED" in out
+    assert not any(state["good"].name in ln for ln in out.splitlines()
+                   if ln.startswith("["))  # finished before: not rerun
+    nan_line = next(ln for ln in out.splitlines() if ln.startswith("[") and "NaN" in ln)
+    assert re.search(r"\(\d+ s, sweep at \d+ s\)$", nan_line)  # its own time, then the sweep's
     after = (tmp_path / "sw" / "runs" / state["good"].name / "metrics.jsonl").stat().st_mtime
     assert before == after
 
