@@ -101,7 +101,8 @@ class FastStep:
 
     def _buf(self, key: tuple, shape: tuple[int, ...]) -> np.ndarray:
         """A reusable float32 work array: temporaries of minibatch size would otherwise cost
-        an allocation (and page faults) each, several times the arithmetic at 2048 samples."""
+        an allocation (and page faults) each, several times the arithmetic at 2048 samples.
+        Backward temporaries are shared by both networks (a smaller working set in cache)."""
         k = (key, shape)
         b = self._bufs.get(k)
         if b is None:
@@ -130,12 +131,12 @@ class FastStep:
             # measured with this one
             col_sum(g, gb)
             if k:
-                gn = self._buf((tag, "g", k), (n, w.shape[1]))
+                gn = self._buf(("g", k % 2), (n, w.shape[1]))  # k % 2: never the input g
                 if w.shape[0] == 1:  # one output: an outer product (one rounding, as in
                     np.einsum("i,j->ij", g[:, 0], w[0], out=gn)  # BLAS), 4x faster
                 else:
                     np.matmul(g, w, out=gn)
-                tmp = self._buf((tag, "t", k), gn.shape)
+                tmp = self._buf(("t",), gn.shape)
                 np.multiply(acts[k], acts[k], out=tmp)
                 np.subtract(1.0, tmp, out=tmp)
                 np.multiply(gn, tmp, out=gn)
