@@ -82,3 +82,31 @@ def test_flatten_keeps_values_and_makes_views():
     assert float(flat.min()) == 1.0  # in-place loads keep the views
     assert supports_fast_path(agent)
     assert not supports_fast_path(ActorCritic(3, CategoricalHead(2), shared_trunk=True))
+
+
+@pytest.mark.parametrize("hidden", [(32, 48, 16), (8,), (64, 64, 64, 64)])
+def test_fast_step_any_depth_and_width(hidden):
+    """Shared backward work buffers must never alias across layers of any depth."""
+    torch.manual_seed(1)
+    rng = np.random.default_rng(1)
+    h = CategoricalHead(4)
+    agent = ActorCritic(6, h, hidden=hidden)
+    ref = copy.deepcopy(agent)
+    loss = PPOLoss("clip")
+    batches = []
+    for _ in range(3):
+        obs = rng.standard_normal((128, 6)).astype(np.float32)
+        with torch.no_grad():
+            old = agent.policy_params(torch.from_numpy(obs)) + 0.3
+            act = h.sample(old)
+            lo = h.log_prob(old, act)
+        batches.append((obs, act.numpy(), old.numpy(), lo.numpy(),
+                        rng.standard_normal(128).astype(np.float32) * 3,
+                        rng.standard_normal(128).astype(np.float32),
+                        rng.standard_normal(128).astype(np.float32)))
+    reference_steps(ref, loss, batches, beta=0.0)
+    step = FastStep(agent, loss, 3e-4, 1e-5, 0.5, *flatten_parameters(agent))
+    for b in batches:
+        step.step(*b, 0.0, False, False)
+    for (name, p), q in zip(agent.named_parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=2e-6, rtol=1e-5), name
