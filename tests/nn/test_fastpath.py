@@ -86,7 +86,7 @@ def test_flatten_keeps_values_and_makes_views():
 
 @pytest.mark.parametrize("hidden", [(32, 48, 16), (8,), (64, 64, 64, 64)])
 def test_fast_step_any_depth_and_width(hidden):
-    """Shared backward work buffers must never alias across layers of any depth."""
+    """The fast path equals autograd + Adam for any depth and width of the MLPs."""
     torch.manual_seed(1)
     rng = np.random.default_rng(1)
     h = CategoricalHead(4)
