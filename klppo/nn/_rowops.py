@@ -20,7 +20,8 @@ import numpy as np
 
 __all__ = ["row_max", "row_sum", "row_cumsum", "col_sum"]
 
-#: Widest row reduced column by column; numpy's short-row sums are sequential up to here (8 and more use an unrolled pairwise sum).
+#: Widest row reduced column by column: numpy sums rows of up to 7 strictly left to right
+#: (from 8 on it uses an unrolled pairwise sum).
 MAX_COLUMNS = 7
 
 

@@ -16,7 +16,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-__all__ = ["EnvError", "make_vector_env", "RunningMeanStd", "ObsNormalizer", "RewardScaler"]
+__all__ = ["EnvError", "check_env", "make_vector_env", "RunningMeanStd", "ObsNormalizer",
+           "RewardScaler"]
 
 #: gymnasium extra that provides an env family, for the error message of a failed import.
 _EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}
@@ -82,6 +83,21 @@ class CartPoleSameStep(gym.vector.VectorWrapper):
             obs[done] = base.state[:, done].T.astype(np.float32)
             info = {**info, "final_obs": final, "_final_obs": done.copy()}
         return obs, rew, term, trunc, info
+
+
+def check_env(env_id: str) -> str:
+    """Resolve ``env_id`` and import its implementation without creating it, so an unknown id
+    (close matches) or a missing extra (the pip command) fails before a run starts."""
+    from gymnasium.envs.registration import load_env_creator
+
+    env_id = _resolve_id(env_id)
+    entry = gym.spec(env_id).entry_point
+    if isinstance(entry, str):
+        try:
+            load_env_creator(entry)
+        except (ImportError, gym.error.DependencyNotInstalled) as e:
+            raise _missing_extra(env_id, e) from None
+    return env_id
 
 
 def make_vector_env(

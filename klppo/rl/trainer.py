@@ -28,7 +28,7 @@ from klppo.nn.fastpath import flatten_parameters, supports_fast_path
 from klppo.protocol import final_return
 from klppo.rl import checkpoint as ckpt
 from klppo.rl.config import TrainConfig, from_dict, to_dict, validate
-from klppo.rl.envs import ObsNormalizer, RewardScaler, _resolve_id, make_vector_env
+from klppo.rl.envs import ObsNormalizer, RewardScaler, check_env, make_vector_env
 from klppo.rl.rollout import Collector, NonFiniteEnvError
 from klppo.rl.update import Batch, Learner
 from klppo.runs import metrics as M
@@ -270,7 +270,7 @@ def train(config: TrainConfig,
           on_iteration: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Train from scratch into a new run directory (``config.out`` or a default name)."""
     validate(config)
-    _resolve_id(config.env)  # an unknown env fails before any directory is created
+    check_env(config.env)  # an unknown env or a missing extra fails before any directory exists
     if config.track == "wandb":
         M.require_wandb()
     out = config.out or str(Path(config.runs_root) /

@@ -4,6 +4,7 @@ extra it needs (box2d, mujoco) is installed; otherwise the error names the pip c
 import dataclasses
 import importlib.util
 import math
+import sys
 
 import pytest
 
@@ -32,3 +33,21 @@ def test_preset_runs_one_iteration(tmp_path, name):
     assert m["global_step"] == one
     assert all(math.isfinite(m[k]) for k in ("kl_rollout", "loss", "value_loss", "entropy"))
     assert res.status == "finished"
+
+
+@pytest.mark.parametrize("env_id, extra, modules", [
+    ("LunarLander-v3", "box2d",
+     ["Box2D", "gymnasium.envs.box2d", "gymnasium.envs.box2d.lunar_lander"]),
+    ("Hopper-v5", "mujoco",
+     ["mujoco", "gymnasium.envs.mujoco", "gymnasium.envs.mujoco.hopper_v5"]),
+])
+def test_a_missing_extra_names_the_pip_command(tmp_path, monkeypatch, capsys, env_id, extra,
+                                               modules):
+    """Whether or not the extra is installed here, hide it and check the CLI's message."""
+    from klppo.cli import main
+
+    for m in modules:
+        monkeypatch.setitem(sys.modules, m, None)  # import -> ImportError
+    assert main(["train", "--env", env_id, "--out", str(tmp_path / "run")]) == 1
+    assert f"pip install 'klppo[{extra}]'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # raised before the run directory is made
