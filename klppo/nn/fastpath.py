@@ -78,6 +78,7 @@ class FastStep:
         self.grad = np.zeros_like(flat)
         self.m = np.zeros_like(flat)
         self.v = np.zeros_like(flat)
+        self._adam_tmp, self._adam_denom = np.empty_like(flat), np.empty_like(flat)
         self.t = 0
         index = {id(p): i for i, p in enumerate(agent.parameters())}
 
@@ -108,6 +109,12 @@ class FastStep:
         if b is None:
             b = self._bufs[k] = np.empty(shape, np.float32)
         return b
+
+    def _rows(self, n: int) -> np.ndarray:
+        r = self._bufs.get(("rows", n))
+        if r is None:
+            r = self._bufs[("rows", n)] = np.arange(n)
+        return r
 
     def _forward(self, layers, x, tag: str):
         acts = [x]
@@ -156,7 +163,8 @@ class FastStep:
             s = row_sum(ez)
             logp_all = z - np.log(s)
             p = ez / s
-            logp = logp_all[np.arange(n), actions]
+            rows = self._rows(n)
+            logp = logp_all[rows, actions]
             entropy = -row_sum(p * logp_all)[:, 0]
             zo = old_params - row_max(old_params)
             logp_old_all = zo - np.log(row_sum(np.exp(zo)))
@@ -179,7 +187,7 @@ class FastStep:
         # ---- head backward
         if self.categorical:
             g_out = -g_logp[:, None] * p
-            g_out[np.arange(n), actions] += g_logp
+            g_out[rows, actions] += g_logp
             if g_ent is not None:
                 g_out -= g_ent[:, None] * p * (logp_all + entropy[:, None])
             if g_kl is not None:
@@ -203,13 +211,20 @@ class FastStep:
             g *= np.float32(coef)
         self.t += 1
         b1, b2 = 0.9, 0.999
+        t, denom = self._adam_tmp, self._adam_denom  # the textbook expressions, in place
         self.m *= b1
-        self.m += (1 - b1) * g
+        np.multiply(g, 1 - b1, out=t)
+        self.m += t                                   # m = b1 m + (1 - b1) g
         self.v *= b2
-        self.v += (1 - b2) * g * g
-        denom = np.sqrt(self.v) / np.float32(np.sqrt(1 - b2**self.t))
+        np.multiply(g, 1 - b2, out=t)
+        np.multiply(t, g, out=t)
+        self.v += t                                   # v = b2 v + (1 - b2) g g
+        np.sqrt(self.v, out=denom)
+        np.divide(denom, np.float32(np.sqrt(1 - b2**self.t)), out=denom)
         denom += np.float32(self.eps)
-        self.flat -= np.float32(self.lr / (1 - b1**self.t)) * self.m / denom
+        np.multiply(self.m, np.float32(self.lr / (1 - b1**self.t)), out=t)
+        np.divide(t, denom, out=t)
+        self.flat -= t                                # p -= lr_t m / (sqrt(v_hat) + eps)
         return {"logp": logp, "values": value, "entropy": entropy, "kl": kl, "grad_norm": norm,
                 **terms}
 
@@ -237,6 +252,17 @@ class FastStep:
         self.lr, self.t = float(s["lr"]), int(s["t"])
         self.m[:] = s["m"]
         self.v[:] = s["v"]
+
+
+def _mean(x: np.ndarray) -> float:
+    """``float(x.mean())`` for a 1-D float array, bit for bit (numpy sums pairwise, divides in
+    double and rounds to the array's type), without ``np.mean``'s Python-level overhead."""
+    return float(x.dtype.type(float(np.add.reduce(x)) / x.shape[0]))
+
+
+def _clip(x: np.ndarray, lo, hi) -> np.ndarray:
+    """``np.clip`` for float arrays (NaN propagates alike), a third of its call overhead."""
+    return np.minimum(np.maximum(x, lo), hi)
 
 
 def _clip_beta(w, a, wa, eps, eps_low, eps_high, dual_clip):
@@ -289,7 +315,7 @@ def _loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, 
         else:
             lo = loss.eps if loss.eps_low is None else loss.eps_low
             hi = loss.eps if loss.eps_high is None else loss.eps_high
-            obj_val = np.minimum(wa, np.clip(w, 1 - lo, 1 + hi) * a)
+            obj_val = np.minimum(wa, _clip(w, 1 - lo, 1 + hi) * a)
             if loss.dual_clip is not None:
                 obj_val = np.where(a < 0, np.maximum(obj_val, loss.dual_clip * a), obj_val)
     terms: dict[str, float] = {}
@@ -307,7 +333,7 @@ def _loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, 
             pen, dpen = est
             g_obj = g_obj - np.float32(beta) * dpen
         obj_val = obj_val - np.float32(beta) * pen
-        terms["kl_penalty"] = float(pen.mean())
+        terms["kl_penalty"] = _mean(pen)
     g_logp = (-inv_n * g_obj).astype(np.float32)
     # value loss
     diff = value - returns
@@ -320,7 +346,7 @@ def _loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, 
     if loss.value_clip is not None:
         c = np.float32(loss.value_clip)
         dv = value - old_values
-        v_clip = old_values + np.clip(dv, -c, c)
+        v_clip = old_values + _clip(dv, -c, c)
         l_cl = elem(v_clip - returns)
         g_cl = dfn(v_clip - returns) * ((dv >= -c) & (dv <= c))
         v_loss = np.maximum(l_un, l_cl)
@@ -328,10 +354,12 @@ def _loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, 
     else:
         v_loss, g_v = l_un, g_un
     g_val = (np.float32(loss.vf_coef) * inv_n * g_v).astype(np.float32)
-    g_ent = np.full(n, -np.float32(loss.ent_coef) * inv_n, np.float32)
-    loss_obj = -float(obj_val.mean())
-    loss_critic = loss.vf_coef * float(v_loss.mean())
-    loss_ent = -loss.ent_coef * float(entropy.mean())
+    # no entropy bonus: no entropy gradient (adding its zeros would change nothing)
+    g_ent = (np.full(n, -np.float32(loss.ent_coef) * inv_n, np.float32) if loss.ent_coef
+             else None)
+    loss_obj = -_mean(obj_val)
+    loss_critic = loss.vf_coef * _mean(v_loss)
+    loss_ent = -loss.ent_coef * _mean(entropy)
     terms.update(loss_objective=loss_obj, loss_critic=loss_critic, loss_entropy=loss_ent,
                  loss=loss_obj + loss_critic + loss_ent)
     return terms, g_logp, g_val, g_ent, g_kl
