@@ -25,26 +25,25 @@ __all__ = ["row_max", "row_sum", "row_cumsum", "col_sum"]
 MAX_COLUMNS = 7
 
 
-def row_max(x: np.ndarray) -> np.ndarray:
-    """``x.max(1, keepdims=True)`` for a 2-D array."""
+def _fold(x: np.ndarray, ufunc: np.ufunc, fallback) -> np.ndarray:
+    """Apply a binary ufunc across the columns, left to right; numpy itself for wide rows."""
     k = x.shape[1]
     if not 1 < k <= MAX_COLUMNS:
-        return x.max(1, keepdims=True)
-    out = np.maximum(x[:, 0], x[:, 1])
+        return fallback(x)
+    out = ufunc(x[:, 0], x[:, 1])
     for j in range(2, k):
-        np.maximum(out, x[:, j], out=out)
+        ufunc(out, x[:, j], out=out)
     return out[:, None]
+
+
+def row_max(x: np.ndarray) -> np.ndarray:
+    """``x.max(1, keepdims=True)`` for a 2-D array."""
+    return _fold(x, np.maximum, lambda v: v.max(1, keepdims=True))
 
 
 def row_sum(x: np.ndarray) -> np.ndarray:
     """``x.sum(1, keepdims=True)`` for a 2-D array, summed left to right as numpy does."""
-    k = x.shape[1]
-    if not 1 < k <= MAX_COLUMNS:
-        return x.sum(1, keepdims=True)
-    out = x[:, 0] + x[:, 1]
-    for j in range(2, k):
-        np.add(out, x[:, j], out=out)
-    return out[:, None]
+    return _fold(x, np.add, lambda v: v.sum(1, keepdims=True))
 
 
 def row_cumsum(x: np.ndarray) -> np.ndarray:

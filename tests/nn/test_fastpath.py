@@ -9,6 +9,24 @@ from klppo.nn import ActorCritic, CategoricalHead, DiagGaussianHead
 from klppo.nn.fastpath import FastStep, flatten_parameters, supports_fast_path
 
 
+def make_batches(agent, head, rng, count, n, obs_dim, old_shift=None):
+    """Minibatches (obs, act, old params, old logp, adv, returns, old values) around the agent's
+    current policy: old params = current + shift (random noise when ``old_shift`` is None)."""
+    batches = []
+    for _ in range(count):
+        obs = rng.standard_normal((n, obs_dim)).astype(np.float32)
+        with torch.no_grad():
+            old = agent.policy_params(torch.from_numpy(obs))
+            old = old + (0.3 * torch.randn_like(old) if old_shift is None else old_shift)
+            act = head.sample(old)
+            lo = head.log_prob(old, act)
+        batches.append((obs, act.numpy(), old.numpy(), lo.numpy(),
+                        rng.standard_normal(n).astype(np.float32) * 3,
+                        rng.standard_normal(n).astype(np.float32),
+                        rng.standard_normal(n).astype(np.float32)))
+    return batches
+
+
 def reference_steps(agent, loss, batches, beta, lr=3e-4, eps=1e-5, max_norm=0.5):
     opt = torch.optim.Adam(agent.parameters(), lr=lr, eps=eps)
     for obs, act, old, lo, adv, ret, vold in batches:
@@ -44,18 +62,7 @@ def test_fast_step_matches_autograd_and_adam(head, objective, ent_coef, opts):
     agent = ActorCritic(5, h, log_std_init=-0.3)
     ref = copy.deepcopy(agent)
     loss = PPOLoss(objective, ent_coef=ent_coef, **opts)
-    batches = []
-    for _ in range(4):
-        obs = rng.standard_normal((64, 5)).astype(np.float32)
-        with torch.no_grad():
-            old = agent.policy_params(torch.from_numpy(obs))
-            old = old + 0.3 * torch.randn_like(old)
-            act = h.sample(old)
-            lo = h.log_prob(old, act)
-        batches.append((obs, act.numpy(), old.numpy(), lo.numpy(),
-                        rng.standard_normal(64).astype(np.float32) * 3,
-                        rng.standard_normal(64).astype(np.float32),
-                        rng.standard_normal(64).astype(np.float32)))
+    batches = make_batches(agent, h, rng, count=4, n=64, obs_dim=5)
     start = [q.detach().clone() for q in ref.parameters()]
     reference_steps(ref, loss, batches, beta=0.7)
     flat, spans = flatten_parameters(agent)
@@ -93,17 +100,7 @@ def test_fast_step_any_depth_and_width(hidden):
     agent = ActorCritic(6, h, hidden=hidden)
     ref = copy.deepcopy(agent)
     loss = PPOLoss("clip")
-    batches = []
-    for _ in range(3):
-        obs = rng.standard_normal((128, 6)).astype(np.float32)
-        with torch.no_grad():
-            old = agent.policy_params(torch.from_numpy(obs)) + 0.3
-            act = h.sample(old)
-            lo = h.log_prob(old, act)
-        batches.append((obs, act.numpy(), old.numpy(), lo.numpy(),
-                        rng.standard_normal(128).astype(np.float32) * 3,
-                        rng.standard_normal(128).astype(np.float32),
-                        rng.standard_normal(128).astype(np.float32)))
+    batches = make_batches(agent, h, rng, count=3, n=128, obs_dim=6, old_shift=0.3)
     reference_steps(ref, loss, batches, beta=0.0)
     step = FastStep(agent, loss, 3e-4, 1e-5, 0.5, *flatten_parameters(agent))
     for b in batches:
