@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import torch
 import klppo.rl as rl
 from klppo.rl.config import ConfigError, from_dict, validate
 from klppo.rl.trainer import TIMING_KEYS, TrainingError, final_return, resume
+from tests.waiting import wait_for_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,11 +94,7 @@ def test_kill_and_resume_reproduces_uninterrupted_run(tmp_path):
             "total_steps=6144, tensorboard=False, checkpoint_every=2); rl.train(c)")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     metrics = run / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 7:
-            break
-        time.sleep(0.02)
+    wait_for_lines(metrics, 7)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     n_before = len(metrics.read_text().splitlines())
@@ -226,11 +222,7 @@ def test_ctrl_c_checkpoints_and_exits_cleanly(tmp_path):
                              "--no-tensorboard", "--checkpoint-every", "1000"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.02)
+    wait_for_lines(metrics, 3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err

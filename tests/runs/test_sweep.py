@@ -4,7 +4,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from klppo.cli import main
 from klppo.rl.trainer import TIMING_KEYS
 from klppo.runs.metrics import read_metrics
 from klppo.runs.sweep import SweepSpec, expand, run_sweep
+from tests.waiting import wait_for_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"total_steps": 1024, "tensorboard": False}
@@ -97,11 +97,7 @@ def test_killed_sweep_resumes_and_matches_a_clean_sweep(tmp_path):
                              "--out", str(tmp_path / "killed"), "--workers", "1"], cwd=ROOT,
                             start_new_session=True, stdout=subprocess.DEVNULL)
     first = tmp_path / "killed" / "runs" / "CartPole-v1__clip__0" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if first.exists() and len(first.read_text().splitlines()) >= 4:
-            break
-        time.sleep(0.02)
+    wait_for_lines(first, 4)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert len(first.read_text().splitlines()) < 12
