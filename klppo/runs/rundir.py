@@ -8,11 +8,13 @@
   checkpoint.pt      latest checkpoint (written atomically: temp file + rename)
   status.json        running / finished / failed (with the error) / interrupted
   events.*           TensorBoard events, when tensorboard is installed
+  .lock              held (fcntl.flock) by the one process writing the run; names that process
 ```
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -26,7 +28,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["default_run_name", "create_run_dir", "write_metadata", "write_yaml", "read_yaml",
+__all__ = ["DirBusyError", "DirLock", "default_run_name", "create_run_dir", "write_metadata", "write_yaml", "read_yaml",
            "write_json_atomic", "write_status", "read_status", "atomic_write_bytes"]
 
 
@@ -35,6 +37,57 @@ def default_run_name(env: str, objective: str, seed: int) -> str:
     safe_env = env.replace("/", "-").replace(":", "-")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{safe_env}__{objective}__{seed}__{stamp}"
+
+
+class DirBusyError(RuntimeError):
+    """Another live process holds the directory's lock; the message names it."""
+
+
+class DirLock:
+    """An OS-level exclusive lock on ``directory/.lock`` for one writer at a time.
+
+    ``fcntl.flock`` is released by the kernel when the holder exits, however it exits (a
+    SIGKILLed run leaves no stale lock). The file records the holder's pid, command line and
+    start time so that a second process can say who holds it. Use as a context manager or call
+    :meth:`acquire` / :meth:`release`.
+    """
+
+    def __init__(self, directory: str | Path, what: str = "run directory") -> None:
+        self.directory = Path(directory)
+        self.what = what
+        self.path = self.directory / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> DirLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise DirBusyError(f"{self.what} {str(self.directory)!r} is in use by {holder}; "
+                               f"wait for it to finish or stop it first") from None
+        info = (f"pid {os.getpid()} on {socket.gethostname()} ({' '.join(sys.argv)[:300]}), "
+                f"since {datetime.now().isoformat(timespec='seconds')}")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info.encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> DirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def create_run_dir(path: str | Path) -> Path:
