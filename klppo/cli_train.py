@@ -43,50 +43,114 @@ class Progress:
             print(line, flush=True)
 
 
-def run_train(argv: list[str]) -> int:
-    import tyro
+def _load_base(known: argparse.Namespace):
+    from pathlib import Path
 
     from klppo.rl import config as C
-    from klppo.rl.trainer import TrainingError, resume, train
     from klppo.runs import rundir as R
 
+    base = C.preset(known.preset) if known.preset else C.TrainConfig()
+    if known.config:
+        path = Path(known.config)
+        base = C.from_dict(R.read_yaml(path), base, source=str(path))
+    return base
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    """Everything a user's input or a failed run raises: printed as one line."""
+    from klppo.rl import config as C
+    from klppo.rl.checkpoint import CheckpointError
+    from klppo.rl.envs import EnvError
+    from klppo.rl.trainer import ResumeError, TrainingError
+    from klppo.runs import rundir as R
+
+    return (C.ConfigError, R.FileFormatError, R.DirBusyError, CheckpointError, EnvError,
+            ResumeError, TrainingError, ImportError, OSError, ValueError)
+
+
+def run_train(argv: list[str]) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset")
     pre.add_argument("--config")
     pre.add_argument("--resume")
     known, rest = pre.parse_known_args(argv)
-    if known.resume:
+    if known.resume is not None:
         if rest or known.preset or known.config:
             print("klppo train: --resume takes no other flags (the run's config.yaml is used)",
                   file=sys.stderr)
             return 2
-        cfg = C.from_dict(R.read_yaml(__import__("pathlib").Path(known.resume) / "config.yaml"))
-        prog = Progress(cfg.num_iterations)
-        try:
-            result = resume(known.resume, on_iteration=prog)
-        except (TrainingError, FileNotFoundError, C.ConfigError) as e:
-            print(f"klppo train: {e}", file=sys.stderr)
-            return 1
-        return _report(result)
+        return _resume(known.resume)
     try:
-        base = C.preset(known.preset) if known.preset else C.TrainConfig()
-        if known.config:
-            base = C.from_dict(R.read_yaml(__import__("pathlib").Path(known.config)) or {}, base)
-    except (C.ConfigError, OSError) as e:
+        base = _load_base(known)
+    except _errors() as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return 2
-    cfg = tyro.cli(C.TrainConfig, default=base, args=rest, prog="klppo train",
-                   description=USAGE)
-    try:
-        C.validate(cfg)
-    except C.ConfigError as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+    cfg = _parse_flags(base, rest)
+    if cfg is None:
         return 2
+    from klppo.rl.trainer import TrainingError, train
+
     try:
         result = train(cfg, on_iteration=Progress(cfg.num_iterations))
-    except (TrainingError, FileExistsError, ValueError) as e:
+    except TrainingError as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return 1
+    except _errors() as e:
+        print(f"klppo train: {e}", file=sys.stderr)
+        return 2
+    return _report(result)
+
+
+def _parse_flags(base, rest: list[str]):
+    """tyro's flags over ``base``, validated; None (after one line on stderr) when they are bad."""
+    import contextlib
+    import io
+
+    import tyro
+
+    from klppo.rl import config as C
+
+    if not any(a in ("-h", "--help") for a in rest):
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                cfg = tyro.cli(C.TrainConfig, default=base, args=rest, prog="klppo train",
+                               description=USAGE)
+        except SystemExit:
+            print(f"klppo train: {_tyro_error(err.getvalue())}", file=sys.stderr)
+            return None
+    else:
+        cfg = tyro.cli(C.TrainConfig, default=base, args=rest, prog="klppo train",
+                       description=USAGE)
+    try:
+        return C.validate(cfg)
+    except C.ConfigError as e:
+        print(f"klppo train: {e}", file=sys.stderr)
+        return None
+
+
+def _tyro_error(text: str) -> str:
+    """The gist of tyro's boxed error message, on one line."""
+    keep = []
+    for line in text.splitlines():
+        line = line.strip(" │╭╮╰╯─━┃┏┓┗┛|").strip()
+        if line and not line.startswith(("For full helptext", "Parsing error", "Usage")):
+            keep.append(line)
+    return " ".join(keep)[:400] or "invalid flags (see klppo train --help)"
+
+
+def _resume(run_dir: str) -> int:
+    from klppo.rl.trainer import TrainingError, read_run_config, resume
+
+    try:
+        cfg = read_run_config(run_dir)
+        result = resume(run_dir, on_iteration=Progress(cfg.num_iterations))
+    except TrainingError as e:
+        print(f"klppo train: {e}", file=sys.stderr)
+        return 1
+    except _errors() as e:
+        print(f"klppo train: {e}", file=sys.stderr)
+        return 2
     return _report(result)
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import logging
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +12,19 @@ import torch
 
 from klppo.runs.rundir import atomic_write_bytes
 
-log = logging.getLogger(__name__)
-
 CHECKPOINT = "checkpoint.pt"
 
-__all__ = ["CHECKPOINT", "save_checkpoint", "load_checkpoint", "pickle_env", "unpickle_env"]
+__all__ = ["CHECKPOINT", "CheckpointError", "save_checkpoint", "load_checkpoint"]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that exists but cannot be read; the message names the file."""
 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
     """Write ``state`` to ``run_dir/checkpoint.pt`` atomically (temp file, fsync, rename): a
-    kill at any moment leaves either the previous checkpoint or the new one, never half."""
+    kill at any moment leaves either the previous checkpoint or the new one, never half, and a
+    failed write (a full disk) leaves the previous one and no temp file."""
     buf = io.BytesIO()
     torch.save(state, buf)
     path = Path(run_dir) / CHECKPOINT
@@ -30,32 +33,20 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
 
 
 def load_checkpoint(run_dir: Path) -> dict[str, Any]:
+    """The checkpoint's state; :class:`FileNotFoundError` when there is none and
+    :class:`CheckpointError` (one line) when it is empty, truncated or corrupt."""
     path = Path(run_dir) / CHECKPOINT
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}: the run never finished an iteration")
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def pickle_env(env: Any) -> bytes | None:
-    """The vector env's full state (physics, step counters, RNG) when it can be pickled.
-
-    Without it a resumed run restarts its episodes and is no longer bit-identical to an
-    uninterrupted one; that is logged, not fatal.
-    """
-    base = getattr(env, "unwrapped", env)
-    fns = getattr(base, "env_fns", None)  # Sync/AsyncVectorEnv keep the closures that built
-    try:                                   # the envs; they are only needed at construction
-        if fns is not None:
-            base.env_fns = None
-        return pickle.dumps(env)
-    except Exception as e:  # noqa: BLE001 - any env may refuse pickling in its own way
-        log.warning("environment state cannot be checkpointed (%s); a resumed run will start "
-                    "new episodes", e)
-        return None
-    finally:
-        if fns is not None:
-            base.env_fns = fns
-
-
-def unpickle_env(data: bytes) -> Any:
-    return pickle.loads(data)
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: empty file; delete it to restart the run from scratch")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile,
+            ValueError, KeyError, AttributeError, ImportError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: unreadable checkpoint ({first[:200]}); delete it to "
+                              f"restart the run from scratch") from None
+    if not isinstance(state, dict) or "iteration" not in state:
+        raise CheckpointError(f"{path}: not a klppo training checkpoint")
+    return state

@@ -7,7 +7,9 @@ are properties, never written back into the config.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -16,6 +18,7 @@ from klppo.core.controllers import CONTROLLERS, ControllerName, StepPreset
 from klppo.core.loss import OBJECTIVES, KLEstimatorChoice, Objective
 from klppo.core.surrogates import SHAPES
 from klppo.core.values import ValueLossKind
+from klppo.runs.typecheck import TypeCheckError, check_value
 
 Cadence = Literal["minibatch", "epoch", "iteration"]
 KLMeasure = Literal["last_minibatch", "epoch_mean", "rollout"]
@@ -212,6 +215,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name, v in positive_ints.items():
         if not isinstance(v, int) or v < 1:
             raise _bad(name, v, "must be an integer >= 1")
+    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or not 0 <= cfg.seed < 2**32:
+        raise _bad("seed", cfg.seed, "must be an integer in [0, 2**32)")
     if cfg.objective not in OBJECTIVES:
         raise _bad("objective", cfg.objective, f"must be one of {sorted(OBJECTIVES)}")
     if p.shape not in SHAPES:
@@ -306,17 +311,36 @@ def to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return d
 
 
-def from_dict(d: dict[str, Any], base: TrainConfig | None = None) -> TrainConfig:
-    """Overlay a (possibly partial) nested dict onto ``base``; unknown keys are errors."""
+def from_dict(d: Any, base: TrainConfig | None = None, source: str = "config") -> TrainConfig:
+    """Overlay a (possibly partial) nested dict onto ``base``.
+
+    Unknown keys and values of the wrong type (``lr: "fast"``, ``update_epochs: true``,
+    ``hidden: 64``) raise :class:`ConfigError` naming the field and the value; ``source`` names
+    where the dict came from in the message when it is not a mapping at all.
+    """
     cfg = base if base is not None else TrainConfig()
+    if not isinstance(d, dict):
+        raise ConfigError(f"{source}: must be a mapping of config fields, got "
+                          f"{type(d).__name__} {_short(d)}")
     return _overlay(cfg, d, "")
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def _overlay(obj: Any, d: dict[str, Any], prefix: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(obj)}
+    hints = _hints(type(obj))
     changes = {}
     for key, value in d.items():
-        name = key.replace("-", "_")
+        name = str(key).replace("-", "_")
         if name not in fields:
             raise ConfigError(f"{prefix}{key}: unknown config field; known: {sorted(fields)}")
         current = getattr(obj, name)
@@ -324,8 +348,9 @@ def _overlay(obj: Any, d: dict[str, Any], prefix: str) -> Any:
             if not isinstance(value, dict):
                 raise _bad(prefix + name, value, "must be a mapping")
             changes[name] = _overlay(current, value, f"{prefix}{name}.")
-        elif name == "hidden":
-            changes[name] = tuple(int(h) for h in value)
-        else:
-            changes[name] = value
+            continue
+        try:
+            changes[name] = check_value(prefix + name, value, hints[name])
+        except TypeCheckError as e:
+            raise ConfigError(str(e)) from None
     return dataclasses.replace(obj, **changes)

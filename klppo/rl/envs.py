@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import pickle
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-__all__ = ["EnvError", "check_env", "make_vector_env", "RunningMeanStd", "ObsNormalizer",
-           "RewardScaler"]
+from klppo.rl.vecenv import RestoreReport, SameStepVecEnv
+
+__all__ = ["EnvError", "check_env", "make_vector_env", "env_state", "restore_env_state",
+           "RunningMeanStd", "ObsNormalizer", "RewardScaler"]
 
 #: gymnasium extra that provides an env family, for the error message of a failed import.
 _EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}
@@ -84,6 +87,17 @@ class CartPoleSameStep(gym.vector.VectorWrapper):
             info = {**info, "final_obs": final, "_final_obs": done.copy()}
         return obs, rew, term, trunc, info
 
+    def state_dict(self) -> dict[str, Any]:
+        """The numpy vector env pickles whole: physics, step counters and its generator."""
+        return {"kind": "pickle", "data": pickle.dumps(self.env)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> RestoreReport:
+        if state.get("kind") != "pickle":
+            return RestoreReport(["CartPole: the checkpoint holds no pickled vector env"])
+        self.env.close()
+        self.env = pickle.loads(state["data"])
+        return RestoreReport()
+
 
 def check_env(env_id: str) -> str:
     """Resolve ``env_id`` and import its implementation without creating it, so an unknown id
@@ -102,13 +116,15 @@ def check_env(env_id: str) -> str:
 
 def make_vector_env(
     env_id: str, num_envs: int, seed: int, vectorization: str = "auto"
-) -> gym.vector.VectorEnv:
-    """A seeded vector env with SAME_STEP autoreset.
+) -> Any:
+    """A seeded vector env with SAME_STEP autoreset whose state can be checkpointed.
 
     ``vectorization``: ``auto`` uses the env's numpy vector implementation where klppo has a
-    same-step adapter for it (CartPole), else ``sync``; ``sync`` / ``async`` force gymnasium's
-    Sync/AsyncVectorEnv. Raises :class:`EnvError` with close matches for an unknown id and the
-    pip command for a missing extra.
+    same-step adapter for it (CartPole), else klppo's own :class:`SameStepVecEnv`; ``sync``
+    forces :class:`SameStepVecEnv`; ``async`` uses Gymnasium's AsyncVectorEnv (one process per
+    env; its state cannot be checkpointed, so a resumed run starts new episodes and says so).
+    Raises :class:`EnvError` with close matches for an unknown id and the pip command for a
+    missing extra.
     """
     env_id = _resolve_id(env_id)
     spec = gym.spec(env_id)
@@ -116,15 +132,29 @@ def make_vector_env(
         if vectorization == "auto" and env_id.startswith("CartPole") and spec.vector_entry_point:
             env = CartPoleSameStep(gym.make_vec(env_id, num_envs,
                                                 vectorization_mode="vector_entry_point"))
-        else:
-            mode = "async" if vectorization == "async" else "sync"
-            env = gym.make_vec(env_id, num_envs, vectorization_mode=mode,
+        elif vectorization == "async":
+            env = gym.make_vec(env_id, num_envs, vectorization_mode="async",
                                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+        else:
+            env = SameStepVecEnv(lambda: gym.make(env_id), num_envs, name=env_id)
     except (ImportError, gym.error.DependencyNotInstalled) as e:
         raise _missing_extra(env_id, e) from None
     env.reset(seed=seed)
-    env.action_space.seed(seed)
     return env
+
+
+def env_state(env: Any) -> dict[str, Any] | None:
+    """The vector env's checkpointable state, or None when it has none (async)."""
+    return env.state_dict() if hasattr(env, "state_dict") else None
+
+
+def restore_env_state(env: Any, state: dict[str, Any] | None, env_id: str) -> RestoreReport:
+    """Restore ``env`` in place from :func:`env_state`; return the problems (empty: exact)."""
+    if state is None or not hasattr(env, "load_state_dict"):
+        return RestoreReport([f"{env_id}: this vector env's state is not checkpointed "
+                              f"(rollout.vectorization async); the resumed run starts new "
+                              f"episodes and is not identical to an uninterrupted one"])
+    return env.load_state_dict(state)
 
 
 class RunningMeanStd:

@@ -28,15 +28,24 @@ from klppo.nn.fastpath import flatten_parameters, supports_fast_path
 from klppo.protocol import final_return
 from klppo.rl import checkpoint as ckpt
 from klppo.rl.config import TrainConfig, from_dict, to_dict, validate
-from klppo.rl.envs import ObsNormalizer, RewardScaler, check_env, make_vector_env
-from klppo.rl.rollout import Collector, NonFiniteEnvError
+from klppo.rl.envs import (
+    ObsNormalizer,
+    RewardScaler,
+    check_env,
+    env_state,
+    make_vector_env,
+    restore_env_state,
+)
+from klppo.rl.monitor import ExplosionMonitor
+from klppo.rl.rollout import Collector
 from klppo.rl.update import Batch, Learner
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainResult", "TrainingError", "train", "resume", "final_return", "TIMING_KEYS"]
+__all__ = ["TrainResult", "TrainingError", "ResumeError", "train", "resume", "final_return",
+           "TIMING_KEYS"]
 
 #: metrics that measure wall time; everything else is deterministic for a given seed.
 TIMING_KEYS = frozenset({"sps", "time_collect", "time_update", "time_elapsed"})
@@ -44,6 +53,10 @@ TIMING_KEYS = frozenset({"sps", "time_collect", "time_update", "time_elapsed"})
 
 class TrainingError(RuntimeError):
     """A run stopped on an error; its last good checkpoint is kept."""
+
+
+class ResumeError(RuntimeError):
+    """A run directory cannot be resumed; the message names the file and the reason."""
 
 
 @dataclass
@@ -101,10 +114,11 @@ class _Trainer:
             "obs_norm": None if self.obs_norm is None else self.obs_norm.rms.state_dict(),
             "reward_scaler": None if self.rew_scale is None else self.rew_scale.state_dict(),
             "torch_rng": torch.get_rng_state(),
-            "env": ckpt.pickle_env(self.env),
+            "env": env_state(self.env),
         }
 
-    def load_state_dict(self, s: dict[str, Any]) -> None:
+    def load_state_dict(self, s: dict[str, Any]) -> list[str]:
+        """Restore everything; return the problems of the environment restore (empty: exact)."""
         self.iteration, self.global_step = int(s["iteration"]), int(s["global_step"])
         self.agent.load_state_dict(s["agent"])
         self.learner.optimizer.load_state_dict(s["optimizer"])
@@ -116,12 +130,10 @@ class _Trainer:
         if self.rew_scale is not None:
             self.rew_scale.load_state_dict(s["reward_scaler"])
         torch.set_rng_state(s["torch_rng"])
-        if s.get("env") is not None:
-            self.env.close()
-            self.env = ckpt.unpickle_env(s["env"])
-            self.collector.env = self.env
-        else:
+        problems = list(restore_env_state(self.env, s.get("env"), self.cfg.env))
+        if problems:  # the env could not be restored: start new episodes, deterministically
             self.collector.reset(self.cfg.seed + self.iteration)
+        return problems
 
     # ---------------------------------------------------------------- phases
     def advantages(self) -> Batch:
@@ -165,6 +177,7 @@ class _Trainer:
             "kl_rollout": kl_rollout,
             **result.metrics,
             "explained_variance": float(explained_variance(batch.values, batch.returns)),
+            "value_target_rms": float(batch.returns.square().mean().sqrt()),
             "controller_updates": len(ctrl_updates),
         }
         if ctrl_updates:
@@ -189,72 +202,117 @@ def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
     return sinks
 
 
-class _SigintGuard:
-    """First Ctrl-C asks the loop to checkpoint and stop after the current iteration; a second
-    one interrupts at once. Installed only in the main thread, restored on exit."""
+class _StopGuard:
+    """A first SIGINT (Ctrl-C) or SIGTERM asks the loop to checkpoint and stop after the current
+    iteration; a second one interrupts at once. Installed only in the main thread, restored on
+    exit."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, trainer: _Trainer) -> None:
         self.trainer = trainer
-        self.previous = None
+        self.previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _SigintGuard:
+    def __enter__(self) -> _StopGuard:
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.getsignal(signal.SIGINT)
-            signal.signal(signal.SIGINT, self._handle)
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.getsignal(sig)
+                signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
         if self.trainer.stop_requested:
             raise KeyboardInterrupt
         self.trainer.stop_requested = True
-        log.warning("interrupt: finishing this iteration, then checkpointing and stopping")
+        log.warning("%s: finishing this iteration, then checkpointing and stopping",
+                    signal.Signals(signum).name)
 
     def __exit__(self, *exc) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
-def _run(tr: _Trainer, on_iteration: Callable[[dict[str, Any]], None] | None) -> TrainResult:
-    cfg, run_dir = tr.cfg, tr.run_dir
-    writer = M.MetricsWriter(_sinks(cfg, run_dir))
-    start, start_step = time.perf_counter(), tr.global_step
-    status = "finished"
-    R.write_status(run_dir, "running", iteration=tr.iteration)
+class _Run:
+    """One process's life of a run directory: its lock, status, warnings and metric sinks."""
+
+    def __init__(self, run_dir: Path, lock: R.DirLock, warnings: list[str]) -> None:
+        self.run_dir, self.lock, self.warnings = run_dir, lock, list(warnings)
+
+    def status(self, state: str, iteration: int, **fields: Any) -> None:
+        if self.warnings:
+            fields["warnings"] = self.warnings
+        R.write_status(self.run_dir, state, iteration=iteration, **fields)
+
+    def final_status(self, state: str, iteration: int, **fields: Any) -> None:
+        """The status of a run that is ending on an error: best effort (the error may be the
+        full disk that this write needs too)."""
+        try:
+            self.status(state, iteration, **fields)
+        except OSError as e:
+            log.error("cannot write status.json (%s); the run ended %s: %s", e, state,
+                      fields.get("error"))
+
+    def warn(self, message: str) -> None:
+        log.warning("%s", message)
+        self.warnings.append(message)
+
+
+def _iterate_and_log(tr: _Trainer, run: _Run, writer: M.MetricsWriter, monitor: ExplosionMonitor,
+                     clock: tuple[float, int]) -> dict[str, Any]:
+    m = tr.iterate()
+    elapsed = time.perf_counter() - clock[0]
+    m["time_elapsed"] = elapsed
+    m["sps"] = (tr.global_step - clock[1]) / max(elapsed, 1e-9)
+    writer.write(m)
+    for w in monitor.check(m):
+        run.warn(w)
+    log.info("iteration %d/%d step %d return %s kl %.4g", tr.iteration, tr.cfg.num_iterations,
+             tr.global_step, m["episode_return_mean"], m["kl_rollout"])
+    return m
+
+
+def _loop(tr: _Trainer, run: _Run, writer: M.MetricsWriter, monitor: ExplosionMonitor,
+          on_iteration: Callable[[dict[str, Any]], None] | None) -> str:
+    cfg, clock = tr.cfg, (time.perf_counter(), tr.global_step)
+    with _StopGuard(tr):
+        while tr.iteration < cfg.num_iterations:
+            m = _iterate_and_log(tr, run, writer, monitor, clock)
+            if on_iteration is not None:
+                on_iteration(m)
+            last = tr.iteration == cfg.num_iterations
+            if last or tr.iteration % cfg.checkpoint_every == 0 or tr.stop_requested:
+                ckpt.save_checkpoint(run.run_dir, tr.state_dict())
+            if tr.stop_requested and not last:
+                return "interrupted"
+    return "finished"
+
+
+def _run(tr: _Trainer, run: _Run, monitor: ExplosionMonitor,
+         on_iteration: Callable[[dict[str, Any]], None] | None) -> TrainResult:
+    """Iterate to the end (or a stop request); on any error, leave status 'failed' with the
+    reason and the last good checkpoint, and raise :class:`TrainingError` (one line)."""
+    run_dir = run.run_dir
     try:
-        with _SigintGuard(tr):
-            while tr.iteration < cfg.num_iterations:
-                try:
-                    m = tr.iterate()
-                except NonFiniteEnvError as e:
-                    msg = f"{e}; the last good checkpoint (iteration {_ckpt_iter(run_dir)}) is kept"
-                    R.write_status(run_dir, "failed", error=msg, iteration=tr.iteration)
-                    raise TrainingError(msg) from None
-                elapsed = time.perf_counter() - start
-                m["time_elapsed"] = elapsed
-                m["sps"] = (tr.global_step - start_step) / max(elapsed, 1e-9)
-                writer.write(m)
-                log.info("iteration %d/%d step %d return %s kl %.4g", tr.iteration,
-                         cfg.num_iterations, tr.global_step, m["episode_return_mean"],
-                         m["kl_rollout"])
-                if on_iteration is not None:
-                    on_iteration(m)
-                last = tr.iteration == cfg.num_iterations
-                if last or tr.iteration % cfg.checkpoint_every == 0 or tr.stop_requested:
-                    ckpt.save_checkpoint(run_dir, tr.state_dict())
-                if tr.stop_requested and not last:
-                    status = "interrupted"
-                    break
-    except TrainingError:
+        run.status("running", tr.iteration)
+        writer = M.MetricsWriter(_sinks(tr.cfg, run_dir))
+        try:
+            status = _loop(tr, run, writer, monitor, on_iteration)
+        finally:
+            writer.close()
+    except KeyboardInterrupt:
+        run.final_status("interrupted", tr.iteration, error="interrupted at once (second signal)")
         raise
-    except BaseException as e:
-        R.write_status(run_dir, "failed" if not isinstance(e, KeyboardInterrupt)
-                       else "interrupted", error=repr(e), traceback=traceback.format_exc(),
-                       iteration=tr.iteration)
-        raise
+    except Exception as e:  # noqa: BLE001 - every failure ends as one named error
+        done, what = _ckpt_iter(run_dir), str(e)
+        if not what.startswith("iteration"):
+            what = f"iteration {tr.iteration + 1}: {type(e).__name__}: {what}"
+        msg = f"{what}; the last good checkpoint (iteration {done}) is kept"
+        run.final_status("failed", tr.iteration, error=msg, traceback=traceback.format_exc())
+        raise TrainingError(msg) from e
     finally:
-        writer.close()
         tr.env.close()
-    R.write_status(run_dir, status, iteration=tr.iteration)
+        run.lock.release()
+    run.status(status, tr.iteration)
     records, _ = M.read_metrics(run_dir / "metrics.jsonl")
     return TrainResult(run_dir, records, status)
 
@@ -262,25 +320,74 @@ def _run(tr: _Trainer, on_iteration: Callable[[dict[str, Any]], None] | None) ->
 def _ckpt_iter(run_dir: Path) -> int:
     try:
         return int(ckpt.load_checkpoint(run_dir)["iteration"])
-    except FileNotFoundError:
+    except (FileNotFoundError, ckpt.CheckpointError):
         return 0
+
+
+def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock) -> _Trainer:
+    """Build the trainer in a locked run directory; a failure leaves status 'failed'."""
+    try:
+        return _Trainer(cfg, run_dir)
+    except Exception as e:
+        lock.release()
+        msg = f"cannot start: {type(e).__name__}: {e}"
+        R.write_status(run_dir, "failed", error=msg, traceback=traceback.format_exc(),
+                       iteration=0)
+        raise TrainingError(msg) from e
 
 
 def train(config: TrainConfig,
           on_iteration: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
-    """Train from scratch into a new run directory (``config.out`` or a default name)."""
+    """Train from scratch into a new run directory (``config.out`` or a default name).
+
+    Every check (config, env, extras, the output path) runs before the directory is created.
+    """
     validate(config)
     check_env(config.env)  # an unknown env or a missing extra fails before any directory exists
     if config.track == "wandb":
         M.require_wandb()
-    out = config.out or str(Path(config.runs_root) /
-                            R.default_run_name(config.env, config.objective, config.seed))
-    run_dir = R.create_run_dir(out)
+    if config.out:
+        run_dir = R.create_run_dir(config.out)
+    else:
+        name = R.default_run_name(config.env, config.objective, config.seed)
+        run_dir = R.create_run_dir(Path(config.runs_root) / name, unique=True)
+    lock = R.DirLock(run_dir).acquire()
+    if (run_dir / "metrics.jsonl").exists():  # another process finished a run there meanwhile
+        lock.release()
+        raise FileExistsError(f"out={str(run_dir)!r} already holds a run; use --resume")
     R.write_yaml(run_dir / "config.yaml", to_dict(config))
     R.write_metadata(run_dir, {"kind": "train"})
-    tr = _Trainer(config, run_dir)
+    tr = _start(run_dir, config, lock)
     tr.collector.reset(config.seed)
-    return _run(tr, on_iteration)
+    return _run(tr, _Run(run_dir, lock, []), ExplosionMonitor(), on_iteration)
+
+
+def read_run_config(run_dir: str | Path) -> TrainConfig:
+    """The validated config of a run directory; one-line errors for a missing directory, a
+    missing or malformed ``config.yaml`` or bad values in it."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise ResumeError(f"resume={str(run_dir)!r}: no such directory")
+    if not run_dir.is_dir():
+        raise ResumeError(f"resume={str(run_dir)!r}: not a directory")
+    if not (run_dir / "config.yaml").exists():
+        raise ResumeError(f"resume={str(run_dir)!r}: not a klppo run directory (no config.yaml)")
+    path = run_dir / "config.yaml"
+    return validate(from_dict(R.read_yaml(path), source=str(path)))
+
+
+def _check_metrics(run_dir: Path, iteration: int) -> list[dict[str, Any]]:
+    """The metrics kept up to the checkpoint's iteration; an error when some are missing."""
+    path = run_dir / "metrics.jsonl"
+    records = M.read_metrics(path)[0] if path.exists() else []
+    kept = [r for r in records if isinstance(r.get("iteration"), int)
+            and r["iteration"] <= iteration]
+    if [r["iteration"] for r in kept] != list(range(1, iteration + 1)):
+        have = "is missing" if not path.exists() else f"holds {len(kept)} of them"
+        raise ResumeError(f"{path}: the checkpoint is at iteration {iteration} but the file "
+                          f"{have}; the run cannot be resumed exactly (restore the file, or "
+                          f"delete checkpoint.pt to restart the run)")
+    return kept
 
 
 def resume(run_dir: str | Path,
@@ -288,28 +395,35 @@ def resume(run_dir: str | Path,
     """Continue a run from its last checkpoint (or start it, if it never wrote one).
 
     Metrics written after the checkpoint are discarded and recomputed, so the finished
-    metrics.jsonl equals that of an uninterrupted run (timing fields aside).
+    metrics.jsonl equals that of an uninterrupted run (timing fields aside). The environments
+    are restored exactly (:mod:`klppo.rl.vecenv`); where that is impossible the run goes on
+    with new episodes and says so in the log and in ``status.json`` (``warnings``).
     """
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").exists():
-        raise FileNotFoundError(f"resume={str(run_dir)!r}: not a klppo run directory "
-                                f"(no config.yaml)")
+    cfg = read_run_config(run_dir)
+    lock = R.DirLock(run_dir).acquire()
+    R.remove_stale_temp_files(run_dir)
     try:
-        cfg = from_dict(R.read_yaml(run_dir / "config.yaml"))
-        tr = _Trainer(cfg, run_dir)
-    except Exception as e:
-        R.write_status(run_dir, "failed", error=f"{type(e).__name__}: {e}",
-                       traceback=traceback.format_exc(), iteration=0)
+        state = ckpt.load_checkpoint(run_dir) if (run_dir / ckpt.CHECKPOINT).exists() else None
+        kept = _check_metrics(run_dir, int(state["iteration"]) if state else 0)
+    except (ckpt.CheckpointError, ResumeError) as e:
+        R.write_status(run_dir, "failed", error=str(e), iteration=0)
+        lock.release()
         raise
     if not (run_dir / "metadata.json").exists():
         R.write_metadata(run_dir, {"kind": "train"})
-    if (run_dir / ckpt.CHECKPOINT).exists():
-        tr.load_state_dict(ckpt.load_checkpoint(run_dir))
-    else:
+    tr = _start(run_dir, cfg, lock)
+    problems = tr.load_state_dict(state) if state else []
+    if state is None:
         tr.collector.reset(cfg.seed)
     M.truncate_metrics(run_dir / "metrics.jsonl", tr.iteration)
+    run = _Run(run_dir, lock, [])
+    for p in problems:
+        run.warn(f"resume is not exact: {p}")
+    monitor = ExplosionMonitor()
+    monitor.seed(kept)
     if tr.iteration >= cfg.num_iterations:
-        records, _ = M.read_metrics(run_dir / "metrics.jsonl")
         tr.env.close()
-        return TrainResult(run_dir, records, "finished")
-    return _run(tr, on_iteration)
+        lock.release()
+        return TrainResult(run_dir, kept, "finished")
+    return _run(tr, run, monitor, on_iteration)

@@ -28,7 +28,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["DirBusyError", "DirLock", "default_run_name", "create_run_dir", "write_metadata", "write_yaml", "read_yaml",
+__all__ = ["DirBusyError", "DirLock", "FileFormatError", "default_run_name", "create_run_dir",
+           "check_writable", "remove_stale_temp_files", "write_metadata", "write_yaml", "read_yaml",
            "write_json_atomic", "write_status", "read_status", "atomic_write_bytes"]
 
 
@@ -90,9 +91,40 @@ class DirLock:
         self.release()
 
 
-def create_run_dir(path: str | Path) -> Path:
-    """Create a fresh run directory; refuse to reuse one that already holds metrics."""
+def check_writable(path: str | Path, what: str = "out") -> None:
+    """Fail early (one line naming ``what`` and the path) if ``path`` cannot be created or
+    written: an existing file, a read-only directory, or a read-only nearest ancestor."""
     p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise NotADirectoryError(f"{what}={str(p)!r}: exists and is not a directory")
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise NotADirectoryError(f"{what}={str(p)!r}: {str(probe)!r} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what}={str(p)!r}: {str(probe)!r} is not writable")
+
+
+def create_run_dir(path: str | Path, unique: bool = False) -> Path:
+    """Create a run directory; refuse one that already holds a run.
+
+    ``unique`` (default run names): never reuse an existing directory; a name taken by a run
+    started in the same second gets a ``-2``, ``-3``, ... suffix (``mkdir`` is atomic, so two
+    processes never get the same one).
+    """
+    p = Path(path)
+    check_writable(p)
+    if unique:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        for k in range(1, 10_000):
+            candidate = p if k == 1 else p.with_name(f"{p.name}-{k}")
+            try:
+                candidate.mkdir()
+                return candidate
+            except FileExistsError:
+                continue
+        raise FileExistsError(f"out={str(p)!r}: no free run name")
     if (p / "metrics.jsonl").exists():
         raise FileExistsError(f"out={str(p)!r} already holds a run; use --resume {p} to continue "
                               f"it or choose another --out")
@@ -101,12 +133,18 @@ def create_run_dir(path: str | Path) -> Path:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temp file, fsync, rename over ``path``: a kill or a full disk leaves
+    the previous file intact, and a failed write removes its temp file."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -117,9 +155,44 @@ def write_yaml(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, yaml.safe_dump(obj, sort_keys=False).encode())
 
 
-def read_yaml(path: Path) -> Any:
-    with open(path) as f:
-        return yaml.safe_load(f)
+def remove_stale_temp_files(run_dir: Path) -> list[str]:
+    """Delete the temp files of writes that a killed process left half done (call only while
+    holding the directory's lock: then no live writer owns them). Returns their names."""
+    gone = []
+    for p in Path(run_dir).glob(".*.tmp*"):
+        p.unlink(missing_ok=True)
+        gone.append(p.name)
+    for p in Path(run_dir).glob("*.jsonl.tmp"):
+        p.unlink(missing_ok=True)
+        gone.append(p.name)
+    return gone
+
+
+class FileFormatError(ValueError):
+    """A file klppo reads is missing, unreadable or malformed; the message names it."""
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; any problem is a one-line :class:`FileFormatError` naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise FileFormatError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise FileFormatError(f"{p}: is a directory, not a YAML file") from None
+    except UnicodeDecodeError as e:
+        raise FileFormatError(f"{p}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                              f"{e.start})") from None
+    except OSError as e:
+        raise FileFormatError(f"{p}: cannot be read ({e.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise FileFormatError(f"{p}: not valid YAML{where}: {problem}") from None
 
 
 def _git_commit() -> str | None:

@@ -46,3 +46,34 @@ class Crash(Counter):
 
 
 gym.register("KlppoTest/Crash-v0", entry_point=Crash)
+
+
+class Nondeterministic(Counter):
+    """Observations from the OS's entropy pool: no replay can reproduce them."""
+
+    def __init__(self) -> None:
+        super().__init__(limit=10_000)
+
+    def step(self, action):
+        import os
+
+        obs, r, term, trunc, info = super().step(action)
+        return obs + np.float32(os.urandom(1)[0]), r, term, trunc, info
+
+
+gym.register("KlppoTest/Nondeterministic-v0", entry_point=Nondeterministic)
+
+
+class HugeReward(Counter):
+    """Finite rewards so large (1e30 from step ``at`` on) that the critic's loss overflows."""
+
+    def __init__(self, at: int = 1500) -> None:
+        super().__init__(limit=50)
+        self.at = at
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        return obs, (1e30 if self.total >= self.at else r), term, trunc, info
+
+
+gym.register("KlppoTest/HugeReward-v0", entry_point=HugeReward)

@@ -48,6 +48,6 @@ def test_a_missing_extra_names_the_pip_command(tmp_path, monkeypatch, capsys, en
 
     for m in modules:
         monkeypatch.setitem(sys.modules, m, None)  # import -> ImportError
-    assert main(["train", "--env", env_id, "--out", str(tmp_path / "run")]) == 1
+    assert main(["train", "--env", env_id, "--out", str(tmp_path / "run")]) == 2
     assert f"pip install 'klppo[{extra}]'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # raised before the run directory is made

@@ -209,7 +209,7 @@ def test_cli_train_yaml_flags_and_errors(tmp_path, capsys):
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert recs[0]["kl_target"] == 0.02 and recs[0]["beta_before"] == 1.0
     assert "final return" in capsys.readouterr().out
-    assert main(["train", "--env", "CartPol-v1", "--out", str(tmp_path / "bad")]) == 1
+    assert main(["train", "--env", "CartPol-v1", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
     assert "did you mean CartPole-v1" in err and not (tmp_path / "bad").exists()
     # a missing extra (box2d, mujoco): tests/rl/test_presets.py

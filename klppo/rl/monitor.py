@@ -1,0 +1,85 @@
+"""Warnings for a run that is going wrong without failing: a value loss or KL that explodes."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["ExplosionMonitor"]
+
+
+class ExplosionMonitor:
+    """Flags a metric that is orders of magnitude off.
+
+    ``check(m)`` returns one message per problem: a watched metric more than ``factor`` times
+    the median of its last ``window`` values; a value loss more than ``factor`` times the mean
+    square of its targets (``value_target_rms``, at least 1), which no working critic reaches;
+    a rollout KL above ``max_kl`` nats per sample (a policy that left any trust region). The
+    typical cause is a learning rate that is far too high. The history
+    comes from the metrics themselves, so a resumed run warns exactly where the uninterrupted
+    one would (:meth:`seed` replays the kept records).
+    """
+
+    def __init__(self, keys: tuple[str, ...] = ("value_loss", "kl_rollout"),
+                 factor: float = 1000.0, window: int = 10, min_history: int = 3,
+                 max_kl: float = 10.0) -> None:
+        self.keys, self.factor, self.min_history = keys, factor, min_history
+        self.max_kl = max_kl
+        self.warned: set[str] = set()  # one warning per metric and kind in a process
+        self.history: dict[str, deque[float]] = {k: deque(maxlen=window) for k in keys}
+
+    def seed(self, records: Iterable[dict[str, Any]]) -> None:
+        for m in records:
+            self._push(m)
+
+    def _push(self, m: dict[str, Any]) -> None:
+        for k in self.keys:
+            v = m.get(k)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                self.history[k].append(abs(float(v)))
+
+    def _absolute(self, m: dict[str, Any], out: _Once) -> None:
+        it = m.get("iteration")
+        v, rms = m.get("value_loss"), m.get("value_target_rms")
+        if isinstance(v, float) and isinstance(rms, float) and v > self.factor * max(rms**2, 1):
+            out.append("abs:value_loss",
+                       f"iteration {it}: value_loss = {v:.3g} is over {self.factor:.3g}x the "
+                       f"mean square of its targets ({rms**2:.3g}); the critic is diverging "
+                       f"(learning rate too high?)")
+        kl = m.get("kl_rollout")
+        if isinstance(kl, float) and kl > self.max_kl:
+            out.append("abs:kl_rollout",
+                       f"iteration {it}: kl_rollout = {kl:.3g} nats per sample (over "
+                       f"{self.max_kl:.3g}); the policy update is diverging (learning rate too "
+                       f"high?)")
+
+    def check(self, m: dict[str, Any]) -> list[str]:
+        out = _Once(self.warned)
+        self._absolute(m, out)
+        for k in self.keys:
+            v, hist = m.get(k), sorted(self.history[k])
+            if not isinstance(v, (int, float)) or len(hist) < self.min_history:
+                continue
+            ref = hist[len(hist) // 2]
+            if ref > 0 and abs(v) > self.factor * ref:
+                out.append(f"rel:{k}",
+                           f"iteration {m.get('iteration')}: {k} = {v:.3g} is "
+                           f"{abs(v) / ref:.3g}x its median over the last {len(hist)} "
+                           f"iterations ({ref:.3g}); the update is diverging (learning rate too "
+                           f"high?)")
+        self._push(m)
+        return out.messages
+
+
+class _Once:
+    """Collects messages, each kind once per monitor."""
+
+    def __init__(self, seen: set[str]) -> None:
+        self.seen, self.messages = seen, []
+
+    def append(self, kind: str, message: str) -> None:
+        if kind not in self.seen:
+            self.seen.add(kind)
+            self.messages.append(message)

@@ -1,0 +1,149 @@
+"""klppo's own synchronous vector env, whose state can be checkpointed and restored exactly.
+
+Gymnasium environments cannot, in general, be pickled with their state: MuJoCo and Box2D envs
+pickle their constructor arguments only and come back at their initial state without their RNG.
+:class:`SameStepVecEnv` therefore keeps, per sub-environment, what made its current episode: how
+the episode's reset was seeded (an explicit seed, or the state of the env's ``np_random`` just
+before the reset drew from it) and the actions taken since. Restoring makes fresh environments,
+resets each the same way and replays its actions (the physics of every env klppo ships a preset
+for is deterministic), then checks the replayed observation against the one recorded at capture
+time. Wrapper statistics (observation and reward normalisation) live in the trainer and are
+restored from the checkpoint, never re-updated by the replay.
+
+Stepping follows Gymnasium's ``SyncVectorEnv`` with ``AutoresetMode.SAME_STEP`` value for value
+(same sub-env calls in the same order, observations stored in the space's dtype), so switching to
+it changes no trajectory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+__all__ = ["SameStepVecEnv", "RestoreReport"]
+
+
+class RestoreReport(list):
+    """Problems found while restoring environment state (empty: the restore is exact)."""
+
+
+class SameStepVecEnv:
+    """``num_envs`` copies of one Gymnasium env stepped in this process, SAME_STEP autoreset.
+
+    ``step`` returns ``(obs, rewards, terminated, truncated, info)`` like a Gymnasium vector env;
+    ``info["final_obs"]`` / ``info["_final_obs"]`` hold the last observation of episodes that
+    ended at this step. ``state_dict`` / ``load_state_dict`` capture and restore every
+    sub-environment exactly (see the module docstring).
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, make_env: Callable[[], gym.Env], num_envs: int, name: str = "env") -> None:
+        self.make_env = make_env
+        self.name = name
+        self.num_envs = int(num_envs)
+        self.envs = [make_env() for _ in range(self.num_envs)]
+        first = self.envs[0]
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self._obs = np.zeros((self.num_envs, *self.single_observation_space.shape),
+                             dtype=self.single_observation_space.dtype)
+        self._starts: list[tuple[str, Any]] = [("seed", None)] * self.num_envs
+        self._actions: list[list[Any]] = [[] for _ in range(self.num_envs)]
+
+    # ------------------------------------------------------------------ stepping
+    def _reset_one(self, i: int, seed: int | None) -> Any:
+        env = self.envs[i]
+        if seed is None:
+            self._starts[i] = ("rng", env.unwrapped.np_random.bit_generator.state)
+        else:
+            self._starts[i] = ("seed", int(seed))
+        self._actions[i] = []
+        obs, _ = env.reset(seed=seed)
+        return obs
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset every sub-environment; ``seed`` seeds sub-env ``i`` with ``seed + i``."""
+        for i in range(self.num_envs):
+            self._obs[i] = self._reset_one(i, None if seed is None else seed + i)
+        return self._obs.copy(), {}
+
+    def step(self, actions: np.ndarray):
+        n = self.num_envs
+        rewards = np.zeros(n, np.float64)
+        term = np.zeros(n, np.bool_)
+        trunc = np.zeros(n, np.bool_)
+        final_obs = None
+        for i, env in enumerate(self.envs):
+            a = actions[i]
+            self._actions[i].append(a.copy() if isinstance(a, np.ndarray) else a)
+            o, rewards[i], term[i], trunc[i], _ = env.step(a)
+            if term[i] or trunc[i]:
+                if final_obs is None:
+                    final_obs = np.empty(n, dtype=object)
+                final_obs[i] = o
+                o = self._reset_one(i, None)
+            self._obs[i] = o
+        info: dict[str, Any] = {}
+        if final_obs is not None:
+            info = {"final_obs": final_obs, "_final_obs": term | trunc}
+        return self._obs.copy(), rewards, term, trunc, info
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Per sub-environment: how its episode started, the actions since, its observation."""
+        return {
+            "kind": "replay",
+            "env": self.name,
+            "episodes": [{"start": self._starts[i], "actions": list(self._actions[i])}
+                         for i in range(self.num_envs)],
+            "obs": self._obs.copy(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> RestoreReport:
+        """Rebuild every sub-environment from fresh and replay its episode; return the problems
+        (a replay that ended an episode early or reached another observation)."""
+        problems = RestoreReport()
+        if state.get("kind") != "replay" or len(state["episodes"]) != self.num_envs:
+            problems.append(f"{self.name}: the checkpoint holds no replay state for "
+                            f"{self.num_envs} environments")
+            return problems
+        self.close()
+        self.envs = [self.make_env() for _ in range(self.num_envs)]
+        for i, ep in enumerate(state["episodes"]):
+            problem = self._replay(i, ep["start"], ep["actions"], state["obs"][i])
+            if problem:
+                problems.append(problem)
+        return problems
+
+    def _replay(self, i: int, start: tuple[str, Any], actions: list[Any],
+                expected: np.ndarray) -> str | None:
+        env = self.envs[i]
+        kind, value = start
+        if kind == "rng":
+            bit_gen = getattr(np.random, value["bit_generator"])()
+            bit_gen.state = value
+            env.unwrapped.np_random = np.random.Generator(bit_gen)
+            value = None
+        obs = self._reset_one(i, value)
+        for t, a in enumerate(actions):
+            self._actions[i].append(a)
+            obs, _, term, trunc, _ = env.step(a)
+            if term or trunc:
+                return (f"{self.name}: sub-environment {i} ended its episode after {t + 1} of "
+                        f"{len(actions)} replayed steps (the environment is not deterministic)")
+        self._obs[i] = obs
+        if not np.array_equal(self._obs[i], expected):
+            diff = float(np.max(np.abs(self._obs[i].astype(np.float64) - expected)))
+            return (f"{self.name}: sub-environment {i} replayed to another observation than the "
+                    f"checkpoint's (max difference {diff:.3g}; the environment is not "
+                    f"deterministic)")
+        return None

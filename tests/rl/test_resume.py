@@ -1,0 +1,224 @@
+"""Exact resume on every env family klppo ships presets for, one writer per run directory,
+and a failed or damaged run that says what went wrong (issue: trust everywhere)."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from klppo import rl
+from klppo.cli import main
+from klppo.rl.trainer import TIMING_KEYS
+from klppo.runs.rundir import DirLock, create_run_dir
+from tests.waiting import wait_for_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: (preset, flags) of short runs: 4-6 iterations of a few thousand steps each
+CASES = {
+    "cartpole": ("klip/cartpole", ["--total-steps", "3072"]),
+    "lunarlander": ("klip/lunarlander", ["--total-steps", "8192", "--rollout.num-steps", "128"]),
+    "hopper": ("klip/hopper", ["--total-steps", "2560", "--rollout.num-steps", "512"]),
+    "pendulum_normalised": ("klip/cartpole", [
+        "--env", "Pendulum-v1", "--total-steps", "2048", "--rollout.num-envs", "2",
+        "--rollout.num-steps", "256", "--rollout.norm-obs", "--rollout.norm-reward"]),
+}
+
+
+def metrics(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in TIMING_KEYS} for x in lines]
+
+
+def cli_args(case, out):
+    preset, flags = CASES[case]
+    return ["train", "--preset", preset, *flags, "--checkpoint-every", "1", "--no-tensorboard",
+            "--out", str(out)]
+
+
+def sigkill_after(args, run_dir, lines):
+    proc = subprocess.Popen([sys.executable, "-m", "klppo", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_lines(run_dir / "metrics.jsonl", lines)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, case):
+    """Classic control, Box2D, MuJoCo and a normalised Box env: the env's physics and RNG are
+    restored by replay, so the resumed metrics equal the uninterrupted run's, and two resumes
+    of one checkpoint agree."""
+    pytest.importorskip({"lunarlander": "Box2D", "hopper": "mujoco"}.get(case, "gymnasium"))
+    assert main(cli_args(case, tmp_path / "full")) == 0
+    full = metrics(tmp_path / "full")
+    killed = tmp_path / "killed"
+    sigkill_after(cli_args(case, killed), killed, 2)
+    twin = tmp_path / "twin"
+    shutil.copytree(killed, twin)
+    assert len(metrics(killed)) < len(full), "the kill came too late to test anything"
+    for run in (killed, twin):
+        res = rl.resume(run)
+        assert res.status == "finished"
+        assert metrics(run) == full
+        assert "warnings" not in json.loads((run / "status.json").read_text())
+
+
+def test_an_env_that_cannot_be_replayed_is_reported_loudly(tmp_path, caplog):
+    import tests.rl.envs_for_tests  # noqa: F401
+
+    cfg = rl.preset("klip/cartpole")
+    cfg.env, cfg.total_steps, cfg.tensorboard = "KlppoTest/Nondeterministic-v0", 1024, False
+    cfg.out, cfg.checkpoint_every, cfg.rollout.vectorization = str(tmp_path / "r"), 1, "sync"
+    rl.train(cfg)
+    ck = tmp_path / "r" / "checkpoint.pt"
+    import torch
+
+    state = torch.load(ck, weights_only=False)
+    state["iteration"], cfg.total_steps = 1, 1024  # pretend it stopped after iteration 1
+    torch.save(state, ck)
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "r" / "metrics.jsonl").write_text(lines[0] + "\n")
+    res = rl.resume(tmp_path / "r")
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert res.status == "finished"
+    assert any("resume is not exact" in w and "KlppoTest/Nondeterministic-v0" in w
+               for w in status["warnings"])
+    assert "resume is not exact" in caplog.text
+
+
+def test_preset_envs_are_all_exactly_restorable():
+    """No preset's env falls in the class that cannot be restored: every preset steps a
+    vector env with a state_dict (replay or pickle), none uses async vectorisation."""
+    from klppo.rl.config import PRESETS
+
+    for name, make in PRESETS.items():
+        assert make().rollout.vectorization == "auto", name
+
+
+def test_second_writer_gets_one_line_naming_the_holder(tmp_path, capsys):
+    out = tmp_path / "busy"
+    out.mkdir()
+    with DirLock(out):
+        assert main(cli_args("cartpole", out)) == 2
+        err = capsys.readouterr().err.strip()
+        assert "in use by pid" in err and len(err.splitlines()) == 1
+        assert main(["train", "--resume", str(out)]) == 2
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_default_run_names_never_collide(tmp_path):
+    a = create_run_dir(tmp_path / "CartPole__clip__0__20260101-000000", unique=True)
+    b = create_run_dir(tmp_path / "CartPole__clip__0__20260101-000000", unique=True)
+    assert a != b and a.is_dir() and b.is_dir() and b.name.endswith("-2")
+
+
+def _damaged_run(tmp_path):
+    run = tmp_path / "r"
+    assert main(cli_args("cartpole", run)) == 0
+    return run
+
+
+@pytest.mark.parametrize("damage, expect", [
+    ("empty", "checkpoint.pt: empty file"),
+    ("truncated", "unreadable checkpoint"),
+    ("garbage", "unreadable checkpoint"),
+    ("metrics_deleted", "metrics.jsonl: the checkpoint is at iteration 6 but the file is missing"),
+    ("metrics_shortened", "holds 3 of them"),
+])
+def test_damaged_run_directory_is_one_line_and_status_failed(tmp_path, capsys, damage, expect):
+    run = _damaged_run(tmp_path)
+    ck, mj = run / "checkpoint.pt", run / "metrics.jsonl"
+    data = ck.read_bytes()
+    if damage == "empty":
+        ck.write_bytes(b"")
+    elif damage == "truncated":
+        ck.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        ck.write_bytes(b"\x00\xff" * 100)
+    elif damage == "metrics_deleted":
+        mj.unlink()
+    else:
+        mj.write_text("\n".join(mj.read_text().splitlines()[:3]) + "\n")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expect in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "failed" and expect in status["error"]
+
+
+def test_torn_checkpoint_write_leaves_no_temp_file_after_resume(tmp_path):
+    run = _damaged_run(tmp_path)
+    (run / ".checkpoint.pt.tmp99999").write_bytes(b"half a checkpoint")
+    (run / "metrics.jsonl").write_text(
+        "\n".join((run / "metrics.jsonl").read_text().splitlines()) + "\n{\"iteration\": 7, ")
+    assert rl.resume(run).status == "finished"
+    assert not list(run.glob(".*tmp*"))
+
+
+def test_full_disk_fails_named_keeps_last_checkpoint_and_no_temp_file(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from klppo.runs import rundir
+
+    calls = {"n": 0}
+    real_fsync = os.fsync
+
+    def fsync(fd):  # a nearly full disk: small files still fit, the third checkpoint does not
+        if os.fstat(fd).st_size > 20_000:
+            calls["n"] += 1
+            if calls["n"] > 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(rundir.os, "fsync", fsync)
+    cfg = rl.preset("klip/cartpole")
+    cfg.total_steps, cfg.tensorboard, cfg.out, cfg.checkpoint_every = 3072, False, \
+        str(tmp_path / "r"), 1
+    with pytest.raises(rl.TrainingError, match="No space left on device") as e:
+        rl.train(cfg)
+    assert "last good checkpoint (iteration" in str(e.value)
+    monkeypatch.undo()
+    run = tmp_path / "r"
+    assert not list(run.glob(".*tmp*"))
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "failed" and "No space left" in status["error"]
+    assert rl.resume(run).status == "finished"  # from the last good checkpoint
+
+
+def test_non_finite_loss_stops_with_the_iteration_and_keeps_checkpoint(tmp_path):
+    import tests.rl.envs_for_tests  # noqa: F401
+
+    cfg = rl.preset("klip/cartpole")
+    cfg.env, cfg.total_steps, cfg.tensorboard = "KlppoTest/HugeReward-v0", 8192, False
+    cfg.out, cfg.checkpoint_every, cfg.rollout.vectorization = str(tmp_path / "r"), 1, "sync"
+    with pytest.raises(rl.TrainingError, match=r"iteration \d+: .*non-finite") as e:
+        rl.train(cfg)
+    assert "last good checkpoint (iteration" in str(e.value)
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert status["state"] == "failed" and "non-finite" in status["error"]
+    assert (tmp_path / "r" / "checkpoint.pt").exists()
+
+
+def test_exploding_value_loss_is_warned(tmp_path, caplog):
+    from klppo.rl.monitor import ExplosionMonitor
+
+    mon = ExplosionMonitor()
+    for i, v in enumerate([1.0, 2.0, 1.5, 1.2]):
+        assert mon.check({"iteration": i + 1, "value_loss": v, "kl_rollout": 0.01}) == []
+    (w,) = mon.check({"iteration": 5, "value_loss": 7e11, "kl_rollout": 0.01})
+    assert "iteration 5: value_loss = 7e+11" in w
+    cfg = rl.preset("klip/cartpole")
+    cfg.total_steps, cfg.tensorboard, cfg.out = 8192, False, str(tmp_path / "r")
+    cfg.ppo.lr, cfg.ppo.anneal_lr = 1e6, False
+    rl.train(cfg)  # huge but finite: the run finishes, with warnings
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert any("critic is diverging" in w for w in status["warnings"])
+    assert any("kl_rollout" in w and "nats per sample" in w for w in status["warnings"])
+    assert "diverging" in caplog.text
