@@ -52,7 +52,8 @@ def _load_base(known: argparse.Namespace):
     base = C.preset(known.preset) if known.preset else C.TrainConfig()
     if known.config:
         path = Path(known.config)
-        base = C.from_dict(R.read_yaml(path), base, source=str(path))
+        data = R.read_yaml(path)
+        base = C.from_dict({} if data is None else data, base, source=str(path))  # empty: none
     return base
 
 

@@ -322,7 +322,10 @@ def from_dict(d: Any, base: TrainConfig | None = None, source: str = "config") -
     if not isinstance(d, dict):
         raise ConfigError(f"{source}: must be a mapping of config fields, got "
                           f"{type(d).__name__} {_short(d)}")
-    return _overlay(cfg, d, "")
+    try:
+        return _overlay(cfg, d, "")
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}" if source != "config" else str(e)) from None
 
 
 def _short(v: Any) -> str:

@@ -27,7 +27,7 @@ from klppo.nn.actor_critic import ActorCritic, make_head
 from klppo.nn.fastpath import flatten_parameters, supports_fast_path
 from klppo.protocol import final_return
 from klppo.rl import checkpoint as ckpt
-from klppo.rl.config import TrainConfig, from_dict, to_dict, validate
+from klppo.rl.config import ConfigError, TrainConfig, from_dict, to_dict, validate
 from klppo.rl.envs import (
     ObsNormalizer,
     RewardScaler,
@@ -373,7 +373,11 @@ def read_run_config(run_dir: str | Path) -> TrainConfig:
     if not (run_dir / "config.yaml").exists():
         raise ResumeError(f"resume={str(run_dir)!r}: not a klppo run directory (no config.yaml)")
     path = run_dir / "config.yaml"
-    return validate(from_dict(R.read_yaml(path), source=str(path)))
+    cfg = from_dict(R.read_yaml(path), source=str(path))
+    try:
+        return validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def _check_metrics(run_dir: Path, iteration: int) -> list[dict[str, Any]]:

@@ -1,0 +1,160 @@
+"""Every bad input to ``klppo train`` is one line naming the field or file and the value, exit
+code 2, no traceback, and no run directory (issue: trust everywhere)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from klppo.cli import main
+
+GOOD = ["--preset", "klip/cartpole", "--total-steps", "1024", "--no-tensorboard"]
+
+#: name -> (flags after GOOD, text the message must contain). ``{d}`` is a scratch directory.
+FLAGS = {
+    "lr_not_a_number": (["--ppo.lr", "fast"], "--ppo.lr"),
+    "lr_zero": (["--ppo.lr", "0"], "ppo.lr=0.0"),
+    "lr_negative": (["--ppo.lr", "-1"], "ppo.lr=-1.0"),
+    "lr_nan": (["--ppo.lr", "nan"], "ppo.lr=nan"),
+    "lr_inf": (["--ppo.lr", "inf"], "ppo.lr=inf"),
+    "seed_negative": (["--seed", "-1"], "seed=-1"),
+    "seed_too_large": (["--seed", str(2**40)], "seed="),
+    "total_steps_zero": (["--total-steps", "0"], "total_steps=0"),
+    "total_steps_negative": (["--total-steps", "-5"], "total_steps=-5"),
+    "total_steps_below_one_rollout": (["--total-steps", "10"], "total_steps=10"),
+    "minibatch_not_dividing": (["--ppo.minibatch-size", "3"], "ppo.minibatch_size=3"),
+    "update_epochs_zero": (["--ppo.update-epochs", "0"], "ppo.update_epochs=0"),
+    "num_envs_zero": (["--rollout.num-envs", "0"], "rollout.num_envs=0"),
+    "checkpoint_every_zero": (["--checkpoint-every", "0"], "checkpoint_every=0"),
+    "torch_threads_zero": (["--torch-threads", "0"], "torch_threads=0"),
+    "gamma_above_one": (["--ppo.gamma", "1.5"], "ppo.gamma=1.5"),
+    "eps_negative": (["--ppo.eps", "-0.1"], "ppo.eps=-0.1"),
+    "clip_obs_zero": (["--rollout.clip-obs", "0"], "rollout.clip_obs=0.0"),
+    "dual_clip_below_one": (["--ppo.dual-clip", "0.5"], "ppo.dual_clip=0.5"),
+    "soft_shape_without_softness": (["--objective", "per_sample_kl", "--ppo.shape", "sigmoid"],
+                                    "ppo.softness=None"),
+    "unknown_shape": (["--ppo.shape", "wobbly"], "ppo.shape='wobbly'"),
+    "unknown_objective": (["--objective", "nope"], "--objective"),
+    "early_stop_without_target": (["--ppo.early-stop", "minibatch"], "ppo.early_stop"),
+    "rollout_measure_at_minibatch": (["--kl.cadence", "minibatch"], "kl.measure='rollout'"),
+    "negative_beta": (["--objective", "kl_penalty", "--kl.beta", "-1"], "beta"),
+    "zero_hidden_layer": (["--net.hidden", "0"], "net.hidden=(0,)"),
+    "separate_losses_without_trunk": (["--net.separate-losses"], "net.separate_losses"),
+    "unknown_flag": (["--nonsense", "3"], "--nonsense"),
+    "unknown_env": (["--env", "CartPol-v1"], "did you mean CartPole-v1"),
+    "unknown_env_module": (["--env", "no_such_module_xyz:Foo-v0"], "no_such_module_xyz"),
+    "unknown_preset": (["--preset", "klip/nope"], "preset='klip/nope'"),
+}
+
+#: name -> (YAML text or bytes for --config, text the message must contain)
+YAML = {
+    "lr_string": ("ppo:\n  lr: fast\n", "ppo.lr='fast'"),
+    "hidden_scalar": ("net:\n  hidden: 64\n", "net.hidden=64"),
+    "epochs_bool": ("ppo:\n  update_epochs: true\n", "ppo.update_epochs=True"),
+    "norm_obs_string": ("rollout:\n  norm_obs: yes please\n", "rollout.norm_obs='yes please'"),
+    "target_string": ("kl:\n  target: '0.02'\n", "kl.target='0.02'"),
+    "section_not_mapping": ("ppo: 3\n", "ppo=3"),
+    "unknown_field": ("ppo:\n  lr_schedule: cosine\n", "ppo.lr_schedule: unknown"),
+    "unknown_controller": ("kl:\n  controller: magic\n", "kl.controller='magic'"),
+    "objective_int": ("objective: 3\n", "objective=3"),
+    "top_level_list": ("- 1\n- 2\n", "must be a mapping"),
+    "top_level_scalar": ("42\n", "must be a mapping"),
+    "malformed": ("ppo: [1, 2\n", "not valid YAML at line"),
+    "tabs": ("ppo:\n\tlr: 1\n", "not valid YAML"),
+    "not_utf8": (b"ppo:\n  lr: \xff\xfe\n", "not UTF-8"),
+    "value_out_of_range": ("ppo:\n  gamma: -0.5\n", "ppo.gamma=-0.5"),
+}
+
+
+def run(argv, capsys):
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def assert_one_line(code, err, expect):
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("klppo train: ") and "Traceback" not in err
+    assert expect in err, err
+
+
+@pytest.mark.parametrize("name", list(FLAGS))
+def test_bad_flag(tmp_path, capsys, name):
+    flags, expect = FLAGS[name]
+    out = tmp_path / "run"
+    code, err = run(["train", *GOOD, *flags, "--out", str(out)], capsys)
+    assert_one_line(code, err, expect)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", list(YAML))
+def test_bad_yaml_config(tmp_path, capsys, name):
+    text, expect = YAML[name]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
+    out = tmp_path / "run"
+    code, err = run(["train", *GOOD, "--config", str(cfg), "--out", str(out)], capsys)
+    assert_one_line(code, err, expect)
+    if name != "value_out_of_range":  # a range is checked after the flags (which may fix it)
+        assert str(cfg) in err
+    assert not out.exists()
+
+
+def _paths(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / "metrics.jsonl").write_text("")
+    empty_dir = tmp_path / "empty_dir"
+    empty_dir.mkdir()
+    bad_cfg = tmp_path / "bad_cfg"
+    bad_cfg.mkdir()
+    (bad_cfg / "config.yaml").write_text("ppo:\n  lr: fast\n")
+    return {
+        "config_missing": (["train", *GOOD, "--config", str(tmp_path / "nope.yaml")],
+                           "nope.yaml: no such file"),
+        "config_is_directory": (["train", *GOOD, "--config", str(empty_dir)], "is a directory"),
+        "out_is_a_file": (["train", *GOOD, "--out", str(f)], "not a directory"),
+        "out_under_a_file": (["train", *GOOD, "--out", str(f / "run")], "not a directory"),
+        "out_holds_a_run": (["train", *GOOD, "--out", str(done)], "already holds a run"),
+        "out_not_writable": (["train", *GOOD, "--out", "/proc/klppo-test/run"], "/proc"),
+        "resume_missing": (["train", "--resume", str(tmp_path / "nope")], "no such directory"),
+        "resume_a_file": (["train", "--resume", str(f)], "not a directory"),
+        "resume_not_a_run": (["train", "--resume", str(empty_dir)], "no config.yaml"),
+        "resume_bad_config": (["train", "--resume", str(bad_cfg)], "ppo.lr='fast'"),
+        "resume_with_flags": (["train", "--resume", str(done), "--seed", "3"],
+                              "--resume takes no other flags"),
+    }
+
+
+PATH_CASES = ["config_missing", "config_is_directory", "out_is_a_file", "out_under_a_file",
+              "out_holds_a_run", "out_not_writable", "resume_missing", "resume_a_file",
+              "resume_not_a_run", "resume_bad_config", "resume_with_flags"]
+
+
+@pytest.mark.parametrize("name", PATH_CASES)
+def test_bad_path(tmp_path, capsys, name):
+    argv, expect = _paths(tmp_path)[name]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code, err = run(argv, capsys)
+    assert_one_line(code, err, expect)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing created
+
+
+def test_the_table_is_large(tmp_path):
+    """The families of the issue, each with its members (kept honest as the table grows)."""
+    assert len(FLAGS) + len(YAML) + len(PATH_CASES) >= 55
+
+
+def test_real_subprocess_prints_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "klppo", "train", *GOOD, "--ppo.lr", "fast",
+                           "--out", str(tmp_path / "r")], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
