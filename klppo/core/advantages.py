@@ -73,7 +73,12 @@ def gae(
 
 def normalize_advantage(advantage: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """``(A - mean) / (std + eps)`` over all entries, with the sample std (torch's default, as
-    in CleanRL and SB3). A single sample is returned centred (0)."""
+    in CleanRL and SB3). A single sample is returned centred (0). Takes a torch tensor or a
+    numpy array (the numpy fast path) and returns the same kind."""
+    if isinstance(advantage, np.ndarray):
+        if advantage.size < 2:
+            return advantage - advantage.mean()
+        return (advantage - advantage.mean()) / (advantage.std(ddof=1) + np.float32(eps))
     if advantage.numel() < 2:
         return advantage - advantage.mean()
     return (advantage - advantage.mean()) / (advantage.std() + eps)

@@ -31,8 +31,9 @@ a target KL is only meaningful together with that unit.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import distributions as D
 from torch.utils.checkpoint import checkpoint
@@ -46,6 +47,7 @@ __all__ = [
     "Estimator",
     "KLUnit",
     "ESTIMATORS",
+    "ESTIMATOR_GRADS",
     "sampled_kl",
     "k1",
     "k2",
@@ -62,6 +64,12 @@ __all__ = [
 ]
 
 
+def _xp(x: Any) -> Any:
+    """The array module of ``x``: the estimators run on torch tensors and numpy arrays alike
+    (the numpy fast path evaluates the same definitions)."""
+    return np if isinstance(x, np.ndarray) else torch
+
+
 def k1(log_r: torch.Tensor) -> torch.Tensor:
     """``-log r``: unbiased for KL(q || p), high variance, negative on about half the samples."""
     return -log_r
@@ -69,17 +77,17 @@ def k1(log_r: torch.Tensor) -> torch.Tensor:
 
 def k2(log_r: torch.Tensor) -> torch.Tensor:
     """``0.5 (log r)^2``: biased (matches the KL to second order in log r), low variance, >= 0."""
-    return 0.5 * log_r.square()
+    return 0.5 * (log_r * log_r)
 
 
 def k3(log_r: torch.Tensor) -> torch.Tensor:
     """``(r - 1) - log r``: unbiased for KL(q || p), low variance, >= 0 (since e^x >= 1 + x)."""
-    return torch.expm1(log_r) - log_r
+    return _xp(log_r).expm1(log_r) - log_r
 
 
 def abs_kl(log_r: torch.Tensor) -> torch.Tensor:
     """``|log r|``: biased upwards, >= 0 (offered by verl and TRL)."""
-    return log_r.abs()
+    return abs(log_r)
 
 
 #: name -> function of ``log r = log p - log q`` on samples from q. One small table, no if/elif.
@@ -88,6 +96,15 @@ ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "k2": k2,
     "k3": k3,
     "abs": abs_kl,
+}
+
+#: name -> d estimator / d log r (log r = logp_new - logp_old for the PPO trust region), on
+#: torch tensors or numpy arrays; tests check each against autograd on :data:`ESTIMATORS`.
+ESTIMATOR_GRADS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "k1": lambda log_r: -_xp(log_r).ones_like(log_r),
+    "k2": lambda log_r: log_r,
+    "k3": lambda log_r: _xp(log_r).expm1(log_r),
+    "abs": lambda log_r: _xp(log_r).sign(log_r),
 }
 
 

@@ -9,7 +9,6 @@ argument, read from the controller by the training loop.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -17,38 +16,32 @@ import torch
 from klppo.core._checks import check_positive, check_same_shape
 from klppo.core.advantages import NormScope, normalize_advantage
 from klppo.core.diagnostics import policy_diagnostics
-from klppo.core.kl import sampled_kl
-from klppo.core.surrogates import (
-    SHAPES,
-    clip_objective,
-    kl_penalty_objective,
-    per_sample_beta,
-    unclipped_objective,
+from klppo.core.objectives import (
+    OBJECTIVES,
+    Band,
+    Objective,
+    PolicyTerm,
+    ShapeSpec,
+    make_objective,
 )
 from klppo.core.values import ValueLossKind, explained_variance, value_loss
 
-Objective = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl"]
+ObjectiveName = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl"]
 KLEstimatorChoice = Literal["analytic", "k1", "k2", "k3", "abs"]
 
-__all__ = ["Objective", "PPOLoss", "PolicyTerm", "OBJECTIVES"]
-
-
-@dataclass(frozen=True)
-class PolicyTerm:
-    """What an objective returns: per-sample values to maximise, and beta_t where defined."""
-
-    objective: torch.Tensor
-    beta_t: torch.Tensor | None
-    kl: torch.Tensor | None
+__all__ = ["ObjectiveName", "PPOLoss", "PolicyTerm", "OBJECTIVES"]
 
 
 class PPOLoss:
     """The PPO loss for one minibatch.
 
     Args:
-        objective: ``clip`` (PPO-Clip), ``per_sample_kl`` (KLip-PPO template, any beta_t shape),
-            ``kl_penalty`` (PPO-KL, scalar beta), ``unclipped`` (plain importance sampling) or
-            ``clip_kl`` (PPO-Clip plus a scalar KL penalty: RLlib's default).
+        objective: a name of :data:`~klppo.core.objectives.OBJECTIVES` - ``clip`` (PPO-Clip),
+            ``per_sample_kl`` (KLip-PPO template, any beta_t shape), ``kl_penalty`` (PPO-KL,
+            scalar beta), ``unclipped`` (plain importance sampling) or ``clip_kl`` (PPO-Clip
+            plus a scalar KL penalty: RLlib's default) - built with the band, shape and
+            estimator arguments below; or an :class:`~klppo.core.objectives.Objective`, which
+            then carries those itself.
         eps: clip radius (typical 0.1-0.3). eps_low / eps_high: asymmetric band.
         dual_clip: ``c > 1`` enables the dual clip for A < 0 (clip objectives and templates).
         shape: beta_t shape for ``per_sample_kl`` (see :mod:`klppo.core.surrogates`), or a
@@ -66,7 +59,7 @@ class PPOLoss:
 
     def __init__(
         self,
-        objective: Objective = "clip",
+        objective: ObjectiveName | Objective = "clip",
         eps: float = 0.2,
         eps_low: float | None = None,
         eps_high: float | None = None,
@@ -82,77 +75,36 @@ class PPOLoss:
         ent_coef: float = 0.0,
         normalize_advantage: NormScope = "rollout",
     ) -> None:
-        if objective not in OBJECTIVES:
-            raise ValueError(
-                f"objective must be one of {sorted(OBJECTIVES)}, got objective={objective!r}"
-            )
-        if not callable(shape) and shape not in SHAPES:
-            raise ValueError(f"shape must be one of {list(SHAPES)}, got shape={shape!r}")
-        if kl_estimator not in ("analytic", "k1", "k2", "k3", "abs"):
-            raise ValueError(f"kl_estimator must be analytic, k1, k2, k3 or abs, "
-                             f"got kl_estimator={kl_estimator!r}")
+        if isinstance(objective, Objective):
+            self.policy = objective
+        else:
+            check_positive("eps", eps)
+            band = Band(eps, eps_low, eps_high, dual_clip)
+            self.policy = make_objective(objective, band,
+                                         ShapeSpec(shape, softness, softness_low, softness_high),
+                                         kl_estimator)
         if normalize_advantage not in ("rollout", "minibatch", "none"):
             raise ValueError(f"normalize_advantage must be rollout, minibatch or none, "
                              f"got normalize_advantage={normalize_advantage!r}")
-        check_positive("eps", eps)
         check_positive("vf_coef", vf_coef, allow_zero=True)
         check_positive("ent_coef", ent_coef, allow_zero=True)
-        self.objective = objective
-        self.eps, self.eps_low, self.eps_high, self.dual_clip = eps, eps_low, eps_high, dual_clip
-        self.shape = shape
-        self.softness, self.softness_low, self.softness_high = softness, softness_low, softness_high
-        self.kl_estimator = kl_estimator
         self.vf_coef, self.value_loss_kind, self.value_clip = vf_coef, value_loss, value_clip
         self.ent_coef = ent_coef
         self.normalize_advantage = normalize_advantage
-        self._policy_term = OBJECTIVES[objective]
-        self._want_beta = True
+
+    @property
+    def objective(self) -> str:
+        """The objective's name."""
+        return self.policy.name
+
+    @property
+    def band(self) -> Band:
+        return self.policy.band
 
     @property
     def needs_analytic_kl(self) -> bool:
         """True when the caller must pass the analytic per-state ``kl`` to :meth:`__call__`."""
-        return self.objective in ("kl_penalty", "clip_kl") and self.kl_estimator == "analytic"
-
-    # -------------------------------------------------------------------- policy terms
-    def _clip_beta(self, ratio: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
-        return per_sample_beta(ratio, advantage, self.eps, "clip", None, self.eps_low,
-                               self.eps_high, dual_clip=self.dual_clip)
-
-    def _penalty_kl(self, logp_new, logp_old, kl):
-        if self.kl_estimator == "analytic":
-            if kl is None:
-                raise ValueError(
-                    f"objective {self.objective!r} with kl_estimator='analytic' needs kl= (the "
-                    "per-state analytic KL(pi_old || pi_new)); pass it or choose a sampled "
-                    "estimator"
-                )
-            return kl
-        return sampled_kl(logp_old, logp_new, self.kl_estimator)
-
-    def _term_clip(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
-        obj = clip_objective(ratio, advantage, self.eps, self.eps_low, self.eps_high,
-                             self.dual_clip)
-        return PolicyTerm(obj, self._clip_beta(ratio, advantage) if self._want_beta else None,
-                          None)
-
-    def _term_per_sample(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
-        b = per_sample_beta(ratio, advantage, self.eps, self.shape, self.softness, self.eps_low,
-                            self.eps_high, self.softness_low, self.softness_high, self.dual_clip)
-        return PolicyTerm(ratio * advantage + b * logp_new, b, None)
-
-    def _term_kl_penalty(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
-        k = self._penalty_kl(logp_new, logp_old, kl)
-        return PolicyTerm(kl_penalty_objective(ratio, advantage, k, beta), None, k)
-
-    def _term_unclipped(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
-        return PolicyTerm(unclipped_objective(ratio, advantage), None, None)
-
-    def _term_clip_kl(self, ratio, logp_new, logp_old, advantage, kl, beta) -> PolicyTerm:
-        k = self._penalty_kl(logp_new, logp_old, kl)
-        obj = clip_objective(ratio, advantage, self.eps, self.eps_low, self.eps_high,
-                             self.dual_clip)
-        b = self._clip_beta(ratio, advantage) if self._want_beta else None
-        return PolicyTerm(obj - beta * k, b, k)
+        return self.policy.needs_kl
 
     # -------------------------------------------------------------------- the loss
     def __call__(
@@ -195,14 +147,15 @@ class PPOLoss:
             adv = normalize_advantage(adv)
         logp_old = logp_old.detach()
         ratio = torch.exp(logp_new - logp_old)
-        self._want_beta = diagnostics  # clip's beta_t is only a diagnostic
-        term = self._policy_term(self, ratio, logp_new, logp_old, adv, kl, beta)
+        # clip's beta_t is only a diagnostic: computed when diagnostics are asked for
+        term = self.policy.term(ratio, logp_new, logp_old, adv, kl, beta, want_beta=diagnostics)
         zero = logp_new.new_zeros(())
         out: dict[str, torch.Tensor] = {"loss_objective": -term.objective.mean()}
         diag: dict[str, torch.Tensor] = {}
         if diagnostics:
-            diag = policy_diagnostics(logp_new, logp_old, adv, self.eps, self.eps_low,
-                                      self.eps_high, term.beta_t)
+            b = self.policy.band
+            diag = policy_diagnostics(logp_new, logp_old, adv, b.eps, b.eps_low, b.eps_high,
+                                      term.beta_t)
         if term.kl is not None:
             diag["kl_penalty"] = term.kl.detach().mean()
         if values is not None:
@@ -228,12 +181,3 @@ class PPOLoss:
         out.update(diag)
         return out
 
-
-#: objective name -> policy-term method. The only dispatch on objective names.
-OBJECTIVES: dict[str, Callable[..., PolicyTerm]] = {
-    "clip": PPOLoss._term_clip,
-    "per_sample_kl": PPOLoss._term_per_sample,
-    "kl_penalty": PPOLoss._term_kl_penalty,
-    "unclipped": PPOLoss._term_unclipped,
-    "clip_kl": PPOLoss._term_clip_kl,
-}

@@ -25,13 +25,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from klppo.core.advantages import normalize_advantage
 from klppo.core.loss import PPOLoss
-from klppo.core.surrogates import per_sample_beta
+from klppo.core.values import value_loss_closed_form
 from klppo.nn._rowops import col_sum, row_max, row_sum
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.distributions import CategoricalHead
 
-__all__ = ["flatten_parameters", "FastStep", "supports_fast_path"]
+__all__ = ["flatten_parameters", "FastStep", "supports_fast_path", "fast_path_refusal",
+           "FastPathUnsupported"]
 
 _HALF_LOG_2PI = np.float32(0.5 * np.log(2 * np.pi))
 
@@ -43,6 +45,22 @@ def supports_fast_path(agent: ActorCritic) -> bool:
         return (len(mods) % 2 == 1 and all(isinstance(m, nn.Linear) for m in mods[::2])
                 and all(isinstance(m, nn.Tanh) for m in mods[1::2]))
     return agent.trunk is None and ok(agent.actor) and ok(agent.critic)
+
+
+class FastPathUnsupported(ValueError):
+    """The fast path cannot serve this network or objective; the message says why."""
+
+
+def fast_path_refusal(agent: ActorCritic, loss: PPOLoss) -> str | None:
+    """Why the numpy fast path cannot run this agent and loss exactly, or None when it can."""
+    if not supports_fast_path(agent):
+        return "the network is not two separate Linear/Tanh MLPs (a shared trunk?)"
+    if not loss.policy.has_closed_form:
+        return (f"objective {loss.objective!r} has no closed-form derivative "
+                f"(klppo.core.objectives.Objective.closed_form)")
+    if not loss.policy.band.is_scalar:
+        return "per-sample (tensor) clip bands are not supported by the fast path"
+    return None
 
 
 def flatten_parameters(module: nn.Module) -> tuple[np.ndarray, list[tuple[int, int]]]:
@@ -70,8 +88,9 @@ class FastStep:
 
     def __init__(self, agent: ActorCritic, loss: PPOLoss, lr: float, eps: float,
                  max_norm: float, flat: np.ndarray, spans: list[tuple[int, int]]) -> None:
-        if not supports_fast_path(agent):
-            raise ValueError("the fast path needs separate Linear/Tanh MLPs")
+        why = fast_path_refusal(agent, loss)
+        if why is not None:
+            raise FastPathUnsupported(f"the numpy fast path cannot run this: {why}")
         self.agent, self.loss = agent, loss
         self.lr, self.eps, self.max_norm = lr, eps, max_norm
         self.flat = flat
@@ -260,104 +279,33 @@ def _mean(x: np.ndarray) -> float:
     return float(x.dtype.type(float(np.add.reduce(x)) / x.shape[0]))
 
 
-def _clip(x: np.ndarray, lo, hi) -> np.ndarray:
-    """``np.clip`` for float arrays (NaN propagates alike), a third of its call overhead."""
-    return np.minimum(np.maximum(x, lo), hi)
-
-
-def _clip_beta(w, a, wa, eps, eps_low, eps_high, dual_clip):
-    """The clip shape's beta_t (``-w A`` on the kill set, else 0) in numpy, equal to the core's
-    :func:`~klppo.core.surrogates.per_sample_beta` bit for bit (the band edges are compared in
-    float32 by both); a third of its cost at minibatch size."""
-    lo = eps if eps_low is None else eps_low
-    hi = eps if eps_high is None else eps_high
-    kill = ((w > 1 + hi) & (a > 0)) | ((w < 1 - lo) & (a < 0))
-    if dual_clip is not None:
-        kill |= (a < 0) & (w > dual_clip)
-    return np.where(kill, -wa, np.float32(0))
-
-
 def _loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, entropy, kl,
                 beta: float):
     """Loss terms and d loss / d (logp_new, value, entropy, analytic KL) per sample.
 
-    Policy: every objective is ``w A + beta_t logp_new`` up to terms without a gradient, so
-    ``d obj / d logp_new = w A + beta_t``; the scalar penalties add ``-beta dk/dlogp_new`` for a
-    sampled estimator k, or ``-beta`` on the analytic KL. Gradients of the *loss* (minimised) are
+    The policy part is the objective's own closed form
+    (:meth:`klppo.core.objectives.Objective.closed_form`), the critic part the value loss's
+    (:func:`klppo.core.values.value_loss_closed_form`). Gradients of the *loss* (minimised) are
     returned, averaged over the ``n`` samples like ``PPOLoss``.
     """
     n = logp.shape[0]
     inv_n = np.float32(1.0 / n)
-    a = adv
-    if loss.normalize_advantage == "minibatch":
-        a = (a - a.mean()) / (a.std(ddof=1) + np.float32(1e-8)) if n > 1 else a - a.mean()
+    a = normalize_advantage(adv) if loss.normalize_advantage == "minibatch" else adv
     log_w = logp - logp_old
     w = np.exp(log_w)
-    wa = w * a
-    obj_kind = loss.objective
-    g_obj = wa.copy()
-    obj_val = wa.copy()
-    if obj_kind in ("clip", "clip_kl", "per_sample_kl"):
-        shape = loss.shape if obj_kind == "per_sample_kl" else "clip"
-        softness = loss.softness if obj_kind == "per_sample_kl" else None
-        if shape == "clip" and not any(isinstance(e, torch.Tensor)
-                                       for e in (loss.eps, loss.eps_low, loss.eps_high)):
-            bt = _clip_beta(w, a, wa, loss.eps, loss.eps_low, loss.eps_high, loss.dual_clip)
-        else:
-            with torch.no_grad():
-                bt = per_sample_beta(torch.from_numpy(w), torch.from_numpy(np.asarray(a)),
-                                     loss.eps, shape, softness, loss.eps_low, loss.eps_high,
-                                     loss.softness_low, loss.softness_high,
-                                     loss.dual_clip).numpy()
-        g_obj += bt
-        if obj_kind == "per_sample_kl":
-            obj_val = wa + bt * logp
-        else:
-            lo = loss.eps if loss.eps_low is None else loss.eps_low
-            hi = loss.eps if loss.eps_high is None else loss.eps_high
-            obj_val = np.minimum(wa, _clip(w, 1 - lo, 1 + hi) * a)
-            if loss.dual_clip is not None:
-                obj_val = np.where(a < 0, np.maximum(obj_val, loss.dual_clip * a), obj_val)
+    form = loss.policy.closed_form(w, a, w * a, logp, log_w, kl, beta)
     terms: dict[str, float] = {}
-    g_kl = None
-    if obj_kind in ("kl_penalty", "clip_kl"):
-        if loss.kl_estimator == "analytic":
-            pen = kl
-            g_kl = np.full(n, np.float32(beta) * inv_n, np.float32)
-        else:
-            k1 = -log_w  # sampled KL(old || new) from log r = logp_new - logp_old
-            est = {"k1": (k1, -np.ones_like(log_w)),
-                   "k2": (0.5 * log_w * log_w, log_w),
-                   "k3": (np.expm1(log_w) - log_w, np.expm1(log_w)),
-                   "abs": (np.abs(log_w), np.sign(log_w))}[loss.kl_estimator]
-            pen, dpen = est
-            g_obj = g_obj - np.float32(beta) * dpen
-        obj_val = obj_val - np.float32(beta) * pen
-        terms["kl_penalty"] = _mean(pen)
-    g_logp = (-inv_n * g_obj).astype(np.float32)
-    # value loss
-    diff = value - returns
-    kind = loss.value_loss_kind
-    elem = {"l2": lambda d: 0.5 * d * d, "l1": np.abs,
-            "smooth_l1": lambda d: np.where(np.abs(d) < 1, 0.5 * d * d, np.abs(d) - 0.5)}[kind]
-    dfn = {"l2": lambda d: d, "l1": np.sign, "smooth_l1": lambda d: np.clip(d, -1, 1)}[kind]
-    l_un = elem(diff)
-    g_un = dfn(diff)
-    if loss.value_clip is not None:
-        c = np.float32(loss.value_clip)
-        dv = value - old_values
-        v_clip = old_values + _clip(dv, -c, c)
-        l_cl = elem(v_clip - returns)
-        g_cl = dfn(v_clip - returns) * ((dv >= -c) & (dv <= c))
-        v_loss = np.maximum(l_un, l_cl)
-        g_v = np.where(l_un > l_cl, g_un, np.where(l_cl > l_un, g_cl, 0.5 * (g_un + g_cl)))
-    else:
-        v_loss, g_v = l_un, g_un
+    if form.penalty is not None:
+        terms["kl_penalty"] = _mean(form.penalty)
+    g_logp = (-inv_n * form.d_logp).astype(np.float32)
+    g_kl = None if form.d_kl is None else -inv_n * form.d_kl
+    v_loss, g_v = value_loss_closed_form(value, returns, old_values, loss.value_clip,
+                                         loss.value_loss_kind)
     g_val = (np.float32(loss.vf_coef) * inv_n * g_v).astype(np.float32)
     # no entropy bonus: no entropy gradient (adding its zeros would change nothing)
     g_ent = (np.full(n, -np.float32(loss.ent_coef) * inv_n, np.float32) if loss.ent_coef
              else None)
-    loss_obj = -_mean(obj_val)
+    loss_obj = -_mean(form.value)
     loss_critic = loss.vf_coef * _mean(v_loss)
     loss_ent = -loss.ent_coef * _mean(entropy)
     terms.update(loss_objective=loss_obj, loss_critic=loss_critic, loss_entropy=loss_ent,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from klppo.core.advantages import NormScope
 from klppo.core.controllers import CONTROLLERS, ControllerName, StepPreset
-from klppo.core.loss import OBJECTIVES, KLEstimatorChoice, Objective
+from klppo.core.loss import OBJECTIVES, KLEstimatorChoice
 from klppo.core.surrogates import SHAPES
 from klppo.core.values import ValueLossKind
 from klppo.runs.typecheck import TypeCheckError, check_value
@@ -156,8 +156,8 @@ class TrainConfig:
 
     env: str = "CartPole-v1"
     """Gymnasium environment id, or module:EnvId to import a user's module first"""
-    objective: Objective = "clip"
-    """clip, per_sample_kl, kl_penalty, unclipped, clip_kl"""
+    objective: str = "clip"
+    """clip, per_sample_kl, kl_penalty, unclipped, clip_kl (klppo.core.objectives.OBJECTIVES)"""
     seed: int = 0
     """seed of the networks, the environments, action sampling and minibatch order"""
     total_steps: int = 100_000

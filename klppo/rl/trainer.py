@@ -24,7 +24,7 @@ from klppo.core.advantages import gae
 from klppo.core.controllers import make_controller
 from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
-from klppo.nn.fastpath import flatten_parameters, supports_fast_path
+from klppo.nn.fastpath import fast_path_refusal, flatten_parameters
 from klppo.protocol import final_return
 from klppo.rl import checkpoint as ckpt
 from klppo.rl.config import ConfigError, TrainConfig, from_dict, to_dict, validate
@@ -38,7 +38,7 @@ from klppo.rl.envs import (
 )
 from klppo.rl.monitor import ExplosionMonitor
 from klppo.rl.rollout import Collector
-from klppo.rl.update import Batch, Learner
+from klppo.rl.update import Batch, Learner, make_loss
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 
@@ -71,6 +71,15 @@ class TrainResult:
         return final_return(self.metrics)
 
 
+def _fast_path_ok(agent: ActorCritic, loss) -> bool:
+    """Whether the numpy fast path (rollout runner and update step) serves this run; when it
+    cannot, say why and use torch autograd for both (never another gradient)."""
+    why = fast_path_refusal(agent, loss)
+    if why is not None:
+        log.warning("numpy fast path off: %s; rolling out and updating with torch", why)
+    return why is None
+
+
 class _Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg = validate(cfg)
@@ -84,19 +93,19 @@ class _Trainer:
         n = cfg.net
         self.agent = ActorCritic(obs_dim, head, n.hidden, n.shared_trunk, n.separate_losses,
                                  n.log_std_init)
-        self.flat = None
-        if cfg.fast_path and supports_fast_path(self.agent):
-            self.flat = flatten_parameters(self.agent)  # before anything takes views of it
+        loss = make_loss(cfg)
+        fast = cfg.fast_path and _fast_path_ok(self.agent, loss)
+        self.flat = flatten_parameters(self.agent) if fast else None  # before any views of it
         self.controller = make_controller(cfg.kl.controller, **cfg.kl.controller_options())
-        self.uses_beta = cfg.objective in ("kl_penalty", "clip_kl")
+        self.uses_beta = loss.policy.uses_beta
         r = cfg.rollout
         self.obs_norm = ObsNormalizer((obs_dim,), r.clip_obs) if r.norm_obs else None
         self.rew_scale = (RewardScaler(r.num_envs, cfg.ppo.gamma, r.clip_reward)
                           if r.norm_reward else None)
         self.collector = Collector(self.env, self.agent, r.num_steps, cfg.seed + 1,
-                                   self.obs_norm, self.rew_scale)
+                                   self.obs_norm, self.rew_scale, fast=fast)
         self.learner = Learner(cfg, self.agent, self.controller,
-                               torch.Generator().manual_seed(cfg.seed + 2), self.flat)
+                               torch.Generator().manual_seed(cfg.seed + 2), self.flat, loss)
         self.iteration = 0
         self.global_step = 0
         self.stop_requested = False

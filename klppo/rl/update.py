@@ -18,14 +18,25 @@ from klppo.core.advantages import normalize_advantage
 from klppo.core.controllers import KLController
 from klppo.core.diagnostics import policy_diagnostics
 from klppo.core.loss import PPOLoss
-from klppo.core.surrogates import per_sample_beta
 from klppo.core.values import value_loss
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.fastpath import FastStep
 from klppo.rl.config import TrainConfig
 from klppo.rl.optim import ClippedAdam
 
-__all__ = ["Batch", "UpdateResult", "Learner"]
+__all__ = ["Batch", "UpdateResult", "Learner", "make_loss"]
+
+
+def make_loss(cfg: TrainConfig) -> PPOLoss:
+    """The PPO loss of a training config (its objective comes from the core's registry)."""
+    p = cfg.ppo
+    return PPOLoss(
+        cfg.objective, eps=p.eps, eps_low=p.eps_low, eps_high=p.eps_high,
+        dual_clip=p.dual_clip, shape=p.shape, softness=p.softness,
+        kl_estimator=p.kl_estimator, vf_coef=p.vf_coef, value_loss=p.value_loss,
+        value_clip=p.value_clip, ent_coef=p.ent_coef,
+        normalize_advantage="minibatch" if p.norm_adv == "minibatch" else "none",
+    )
 
 
 @dataclass
@@ -56,21 +67,16 @@ class Learner:
 
     def __init__(self, cfg: TrainConfig, agent: ActorCritic, controller: KLController,
                  generator: torch.Generator,
-                 flat: tuple[np.ndarray, list[tuple[int, int]]] | None = None) -> None:
+                 flat: tuple[np.ndarray, list[tuple[int, int]]] | None = None,
+                 loss: PPOLoss | None = None) -> None:
         p = cfg.ppo
         self.cfg = cfg
         self.agent = agent
         self.head = agent.head
         self.controller = controller
         self.gen = generator
-        self.loss = PPOLoss(
-            cfg.objective, eps=p.eps, eps_low=p.eps_low, eps_high=p.eps_high,
-            dual_clip=p.dual_clip, shape=p.shape, softness=p.softness,
-            kl_estimator=p.kl_estimator, vf_coef=p.vf_coef, value_loss=p.value_loss,
-            value_clip=p.value_clip, ent_coef=p.ent_coef,
-            normalize_advantage="minibatch" if p.norm_adv == "minibatch" else "none",
-        )
-        self.uses_beta = cfg.objective in ("kl_penalty", "clip_kl")
+        self.loss = loss if loss is not None else make_loss(cfg)
+        self.uses_beta = self.loss.policy.uses_beta
         self.params = [q for q in agent.parameters() if q.requires_grad]
         if flat is not None:  # numpy fast path (klppo.nn.fastpath); same math
             self.optimizer = FastStep(agent, self.loss, p.lr, p.adam_eps, p.max_grad_norm,
@@ -208,15 +214,10 @@ class Learner:
         idx = cat["idx"]
         logp_old, adv = batch.logp[idx], cat["adv"]
         ratio = torch.exp(cat["logp"] - logp_old)
-        p = self.cfg.ppo
-        beta_t = None
-        if self.cfg.objective in ("clip", "clip_kl"):
-            beta_t = per_sample_beta(ratio, adv, p.eps, "clip", None, p.eps_low, p.eps_high,
-                                     dual_clip=p.dual_clip)
-        elif self.cfg.objective == "per_sample_kl":
-            beta_t = per_sample_beta(ratio, adv, p.eps, p.shape, p.softness, p.eps_low,
-                                     p.eps_high, dual_clip=p.dual_clip)
-        d = policy_diagnostics(cat["logp"], logp_old, adv, p.eps, p.eps_low, p.eps_high, beta_t)
+        p, band = self.cfg.ppo, self.loss.band
+        beta_t = self.loss.policy.beta_t(ratio, adv)
+        d = policy_diagnostics(cat["logp"], logp_old, adv, band.eps, band.eps_low, band.eps_high,
+                               beta_t)
         v_loss, v_clipped = value_loss(cat["values"], batch.returns[idx], batch.values[idx],
                                        p.value_clip, p.value_loss)
         d.update(value_loss=v_loss.mean(), value_clip_fraction=v_clipped.float().mean(),

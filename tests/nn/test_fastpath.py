@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from klppo.core.loss import PPOLoss
+from klppo.core.objectives import KL_ESTIMATOR_CHOICES, OBJECTIVES
+from klppo.core.surrogates import SHAPES
 from klppo.nn import ActorCritic, CategoricalHead, DiagGaussianHead
 from klppo.nn.fastpath import FastStep, flatten_parameters, supports_fast_path
 
@@ -43,19 +45,81 @@ def reference_steps(agent, loss, batches, beta, lr=3e-4, eps=1e-5, max_norm=0.5)
         opt.step()
 
 
+def registry_cases():
+    """Every objective of the core's registry x every shape it follows x every KL estimator it
+    can penalise with; a new registry entry is covered without touching this file."""
+    for name, cls in OBJECTIVES.items():
+        shapes = SHAPES if cls.shaped else ("clip",)
+        estimators = KL_ESTIMATOR_CHOICES if cls.penalised else ("analytic",)
+        for shape in shapes:
+            for est in estimators:
+                opts = {"shape": shape, "kl_estimator": est}
+                if shape in ("linear_ramp", "sigmoid", "soft_min"):
+                    opts["softness"] = 0.1
+                if shape == "asymmetric":
+                    opts["eps_high"] = 0.28
+                yield pytest.param(name, opts, id=f"{name}-{shape}-{est}")
+
+
+VALUE_LOSSES = [pytest.param({"value_loss": k, "value_clip": c}, id=f"{k}-clip{c}")
+                for k in ("l2", "l1", "smooth_l1") for c in (0.2, None)]
+
+
+@pytest.mark.parametrize("value_opts", VALUE_LOSSES)
+@pytest.mark.parametrize("objective, opts", list(registry_cases()))
+def test_generated_parity_per_sample_gradients(value_opts, objective, opts):
+    """The generated parity table, loss level: the fast path's per-sample d loss / d (logp_new,
+    value, entropy, analytic KL) and loss terms equal autograd's on ``PPOLoss``."""
+    from klppo.nn.fastpath import _loss_grads
+
+    ent = 0.01 if opts["kl_estimator"] in ("analytic", "k3") else 0.0
+    norm = "minibatch" if objective == "unclipped" else "none"
+    loss = PPOLoss(objective, ent_coef=ent, **opts, **value_opts, normalize_advantage=norm)
+    g = torch.Generator().manual_seed(1)
+    n = 64
+    lo = -torch.rand(n, generator=g) * 3 - 0.1
+    x = {"logp": lo + 0.4 * torch.randn(n, generator=g), "values": torch.randn(n, generator=g),
+         "entropy": torch.rand(n, generator=g) + 0.5, "kl": torch.rand(n, generator=g) * 0.1}
+    adv, ret = 3 * torch.randn(n, generator=g), torch.randn(n, generator=g)
+    vold = x["values"] + 0.3 * torch.randn(n, generator=g)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in x.items()}
+    out = loss(leaves["logp"], lo, adv, leaves["values"], ret, vold, leaves["entropy"],
+               leaves["kl"] if loss.needs_analytic_kl else None, 0.7, diagnostics=False)
+    auto = torch.autograd.grad(out["loss"], list(leaves.values()), allow_unused=True)
+    terms, *fast = _loss_grads(loss, *(v.numpy() for v in (
+        x["logp"], lo, adv, x["values"], ret, vold, x["entropy"], x["kl"])), 0.7)
+    for name, a, f in zip(leaves, auto, fast):
+        a = torch.zeros(n) if a is None else a
+        f = torch.zeros(n) if f is None else torch.from_numpy(np.asarray(f, np.float32))
+        assert torch.allclose(f, a, rtol=1e-5, atol=1e-8), name
+    for k in ("loss", "loss_objective", "loss_critic", "loss_entropy"):
+        assert terms[k] == pytest.approx(float(out[k]), rel=1e-5, abs=1e-7), k
+
+
+def registry_objectives():
+    for name, cls in OBJECTIVES.items():
+        for est in (("analytic", "k3") if cls.penalised else ("analytic",)):
+            yield pytest.param(name, est, id=f"{name}-{est}")
+
+
+@pytest.mark.parametrize("head", ["categorical", "gaussian"])
+@pytest.mark.parametrize("objective, estimator", list(registry_objectives()))
+def test_generated_parity_fast_step_vs_autograd(head, objective, estimator):
+    """The generated parity table, network level: a whole fast step (numpy forward, the core's
+    closed form, numpy backward, clip, Adam) equals autograd + torch Adam."""
+    _check_parity(head, objective, 0.01, {"kl_estimator": estimator})
+
+
 @pytest.mark.parametrize("head", ["categorical", "gaussian"])
 @pytest.mark.parametrize("objective, ent_coef, opts", [
-    ("clip", 0.0, {}), ("clip", 0.05, {"value_loss": "l1"}),
-    ("kl_penalty", 0.01, {}), ("kl_penalty", 0.0, {"kl_estimator": "k3"}),
-    ("kl_penalty", 0.0, {"kl_estimator": "k1", "value_clip": None}),
-    ("clip_kl", 0.0, {"kl_estimator": "k2", "value_loss": "smooth_l1"}),
-    ("clip_kl", 0.0, {"kl_estimator": "abs", "dual_clip": 3.0}),
-    ("unclipped", 0.0, {"normalize_advantage": "minibatch"}),
-    ("per_sample_kl", 0.0, {}),
-    ("per_sample_kl", 0.0, {"shape": "sigmoid", "softness": 0.1, "eps_high": 0.28}),
-    ("per_sample_kl", 0.0, {"shape": "spo"}),
+    ("clip", 0.05, {"value_loss": "l1"}), ("clip_kl", 0.0, {"kl_estimator": "abs",
+                                                           "dual_clip": 3.0}),
 ])
 def test_fast_step_matches_autograd_and_adam(head, objective, ent_coef, opts):
+    _check_parity(head, objective, ent_coef, opts)
+
+
+def _check_parity(head, objective, ent_coef, opts):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     h = CategoricalHead(3) if head == "categorical" else DiagGaussianHead(2)
@@ -107,3 +171,53 @@ def test_fast_step_any_depth_and_width(hidden):
         step.step(*b, 0.0, False, False)
     for (name, p), q in zip(agent.named_parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=2e-6, rtol=1e-5), name
+
+
+def _tilted_class():
+    """A contributor's new objective with a value but no closed form: ``1.1 w A``."""
+    from klppo.core.objectives import Objective, PolicyTerm
+
+    class Tilted(Objective):
+        name = "tilted"
+
+        def term(self, ratio, logp_new, logp_old, advantage, kl, beta, want_beta=True):
+            return PolicyTerm(1.1 * ratio * advantage, None, None)
+
+    return Tilted
+
+
+def test_an_objective_without_closed_form_cannot_reach_the_fast_path(monkeypatch, tmp_path,
+                                                                    caplog):
+    """Fail closed: FastStep refuses it, and the trainer falls back to torch (rollout and
+    update) with a logged reason: the run equals a fast_path=False run exactly."""
+    import dataclasses
+
+    from klppo import rl
+    from klppo.nn.fastpath import FastPathUnsupported
+
+    monkeypatch.setitem(OBJECTIVES, "tilted", _tilted_class())
+    agent = ActorCritic(4, CategoricalHead(2))
+    flat, spans = flatten_parameters(agent)
+    with pytest.raises(FastPathUnsupported, match="'tilted' has no closed-form derivative"):
+        FastStep(agent, PPOLoss("tilted"), 3e-4, 1e-5, 0.5, flat, spans)
+    cfg = dataclasses.replace(rl.preset("klip/cartpole"), objective="tilted", total_steps=1024,
+                              tensorboard=False, out=str(tmp_path / "a"))
+    a = rl.train(cfg)
+    assert "numpy fast path off: objective 'tilted' has no closed-form derivative" in caplog.text
+    b = rl.train(dataclasses.replace(cfg, fast_path=False, out=str(tmp_path / "b")))
+    drop = ("sps", "time_collect", "time_update", "time_elapsed")
+    assert [{k: v for k, v in m.items() if k not in drop} for m in a.metrics] == \
+        [{k: v for k, v in m.items() if k not in drop} for m in b.metrics]
+
+
+def test_fast_path_off_uses_no_numpy_runner(tmp_path):
+    import dataclasses
+
+    from klppo import rl
+    from klppo.nn.runners import TorchRunner
+    from klppo.rl.trainer import _Trainer
+
+    cfg = dataclasses.replace(rl.preset("klip/cartpole"), fast_path=False, tensorboard=False)
+    tr = _Trainer(cfg, tmp_path)
+    assert isinstance(tr.collector.runner, TorchRunner) and tr.flat is None
+    tr.env.close()

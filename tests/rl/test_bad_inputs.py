@@ -34,7 +34,7 @@ FLAGS = {
     "soft_shape_without_softness": (["--objective", "per_sample_kl", "--ppo.shape", "sigmoid"],
                                     "ppo.softness=None"),
     "unknown_shape": (["--ppo.shape", "wobbly"], "ppo.shape='wobbly'"),
-    "unknown_objective": (["--objective", "nope"], "--objective"),
+    "unknown_objective": (["--objective", "nope"], "objective='nope'"),
     "early_stop_without_target": (["--ppo.early-stop", "minibatch"], "ppo.early_stop"),
     "rollout_measure_at_minibatch": (["--kl.cadence", "minibatch"], "kl.measure='rollout'"),
     "negative_beta": (["--objective", "kl_penalty", "--kl.beta", "-1"], "beta"),
