@@ -105,7 +105,7 @@ def test_saved_model_loads_with_auto_classes(tiny_model_dir):
     assert AutoTokenizer.from_pretrained(tiny_model_dir).eos_token == "<|endoftext|>"
     model, tok = load_lm(tiny_model_dir)
     assert tok.pad_token is not None
-    with pytest.raises(FileNotFoundError, match="klppo lm pretrain"):
+    with pytest.raises(ValueError, match="model=.*no such directory.*klppo lm pretrain"):
         load_lm(tiny_model_dir / "nope")
 
 
