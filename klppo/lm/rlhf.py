@@ -47,6 +47,12 @@ class ResumeError(ConfigError):
     """A run directory cannot be resumed; the message names the file and the reason."""
 
 
+class _IterationFailed(Exception):
+    def __init__(self, iteration: int, error: Exception) -> None:
+        super().__init__(iteration, error)
+        self.iteration, self.error = iteration, error
+
+
 @dataclass
 class RLHFResult:
     run_dir: Path
@@ -103,8 +109,9 @@ def _run(exp: Experiment, run_dir: Path, lock: R.DirLock, on_iteration: OnIterat
                            error="interrupted at once (second signal)")
             raise
         except Exception as e:  # noqa: BLE001 - every failure ends as one named error
-            msg = (f"iteration {exp.iteration + 1}: {type(e).__name__}: {_one_line(e)}; the "
-                   f"last good checkpoint (iteration {exp.saved_iteration}) is kept")
+            it, e = (e.iteration, e.error) if isinstance(e, _IterationFailed) else (0, e)
+            msg = (f"iteration {it}: {type(e).__name__}: {_one_line(e)}; the last good "
+                   f"checkpoint (iteration {exp.saved_iteration}) is kept")
             R.write_status(run_dir, "failed", iteration=exp.iteration, error=msg,
                            checkpoint_iteration=exp.saved_iteration,
                            traceback=traceback.format_exc())
@@ -123,13 +130,17 @@ def _loop(exp: Experiment, run_dir: Path, on_iteration: OnIteration) -> str:
     try:
         with StopRequest() as stop:
             while exp.iteration < c.iterations:
-                m = exp.iterate()
-                sink.write(exp.iteration, m)
-                if on_iteration is not None:
-                    on_iteration(m)
-                last = exp.iteration == c.iterations
-                if last or exp.iteration % c.checkpoint_every == 0 or stop.requested:
-                    _save(exp, run_dir)
+                it = exp.iteration + 1
+                try:
+                    m = exp.iterate()
+                    sink.write(it, m)
+                    if on_iteration is not None:
+                        on_iteration(m)
+                    last = it == c.iterations
+                    if last or it % c.checkpoint_every == 0 or stop.requested:
+                        _save(exp, run_dir)
+                except Exception as e:  # noqa: BLE001 - named with its iteration by _run
+                    raise _IterationFailed(it, e) from e
                 if stop.requested and not last:
                     return "interrupted"
     finally:
@@ -161,6 +172,15 @@ def read_run_config(run_dir: str | Path) -> RLHFConfig:
     """The validated config of an rlhf run directory; one-line errors for a missing directory,
     a missing or malformed ``config.yaml``, another kind of run, or bad values."""
     run_dir = Path(run_dir)
+    d = _rlhf_config_dict(run_dir)
+    try:
+        return config_from_dict(d)
+    except ConfigError as e:
+        raise ResumeError(f"{e} (in {run_dir / 'config.yaml'})") from None
+
+
+def _rlhf_config_dict(run_dir: Path) -> dict[str, Any]:
+    """config.yaml of an rlhf run (without ``kind``); nothing is written on the way."""
     _check_run_dir(run_dir)
     path = run_dir / "config.yaml"
     d = read_config_file(path, "config")
@@ -168,10 +188,7 @@ def read_run_config(run_dir: str | Path) -> RLHFConfig:
     if kind != "rlhf":
         raise ResumeError(f"config={str(path)!r}: kind={kind!r}, not an rlhf run (a `klppo "
                           f"train` run resumes with `klppo train --resume`)")
-    try:
-        return config_from_dict(d)
-    except ConfigError as e:
-        raise ResumeError(f"{e} (in {path})") from None
+    return d
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -227,7 +244,7 @@ def resume_rlhf(run_dir: str | Path, reward: RewardFn | None = None,
     :class:`ResumeError` (and its status.json says 'failed' with the reason).
     """
     run_dir = Path(run_dir)
-    _check_run_dir(run_dir)
+    _rlhf_config_dict(run_dir)  # not an rlhf run directory: refuse before touching it
     lock = R.DirLock(run_dir).acquire()
     try:
         exp = _restore(run_dir, reward)
