@@ -112,6 +112,31 @@ def test_second_sigint_stops_at_once(tiny_model_dir, tmp_path):
     assert "second signal" in st["error"]
 
 
+def test_a_failed_run_is_one_line_exit_1_and_status_failed(tiny_model_dir, tmp_path, capsys,
+                                                           monkeypatch):
+    from klppo.lm.experiment import Experiment
+
+    real = Experiment.iterate
+
+    def failing(self):
+        if self.iteration == 4:
+            raise FloatingPointError("loss is nan\nsecond line")
+        return real(self)
+
+    monkeypatch.setattr(Experiment, "iterate", failing)
+    run = tmp_path / "run"
+    capsys.readouterr()
+    rc = run_main(["rlhf", "--config", str(_tiny_yaml(tmp_path)), "--model", str(tiny_model_dir),
+                   "--out", str(run)])
+    needles = ["iteration 5: FloatingPointError: loss is nan second line",
+               "last good checkpoint (iteration 3)"]
+    assert_one_line_error(rc, capsys.readouterr().err, 1, "rlhf", needles)
+    st = status(run)
+    assert st["state"] == "failed" and st["checkpoint_iteration"] == 3
+    assert needles[1] in st["error"] and "Traceback" in st["traceback"]
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["iteration"] == 3
+
+
 def test_resume_of_a_finished_run_changes_nothing(uninterrupted):
     before = (uninterrupted.run_dir / "metrics.jsonl").read_text()
     res = resume_rlhf(uninterrupted.run_dir, reward=reward)
