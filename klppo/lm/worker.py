@@ -1,7 +1,7 @@
 """``python -m klppo.lm.worker RUN_DIR``: run the RLHF arm described by RUN_DIR/pending.yaml.
 
 An arm that started before with the same config continues from its last checkpoint; an arm
-whose config changed starts again from scratch.
+whose config changed, or that cannot be resumed exactly, starts again from scratch.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from klppo.lm.config import config_from_dict
-from klppo.lm.rlhf import resume_rlhf, rlhf
+from klppo.lm.rlhf import ResumeError, resume_rlhf, rlhf
 from klppo.runs.configfile import InputError, read_config_file
 from klppo.runs.rundir import DirLock
 
@@ -40,10 +40,13 @@ def main(argv: list[str]) -> int:
     try:
         pending = read_config_file(run_dir / "pending.yaml", "pending")
         if _started_with(run_dir, pending):
-            resume_rlhf(run_dir)
-        else:
-            _clear(run_dir)
-            rlhf(config_from_dict(pending))
+            try:
+                resume_rlhf(run_dir)
+                return 0
+            except ResumeError as e:
+                print(f"klppo rlhf worker: {e}; starting the arm again", file=sys.stderr)
+        _clear(run_dir)
+        rlhf(config_from_dict(pending))
     except Exception as e:  # noqa: BLE001 - status.json holds the details
         print(f"klppo rlhf worker: {e}", file=sys.stderr)
         return 1
