@@ -230,6 +230,11 @@ def test_signal_finishes_the_iteration_checkpoints_and_stops(sig, tiny_model_dir
     run = tmp_path / "run"
     proc = _start(tmp_path, tiny_model_dir, run, iterations=3000, checkpoint_every=1000)
     wait_for_lines(run / "metrics.jsonl", 3)
+    if sig == signal.SIGTERM:  # meanwhile, a second process is refused, naming the first
+        second = subprocess.run([sys.executable, "-m", "klppo", "rlhf", "--resume", str(run)],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert_one_line_error(second.returncode, second.stderr, 2, "rlhf",
+                              ["in use by", f"pid {proc.pid}"])
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
