@@ -33,9 +33,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="klppo", description="KL-controlled policy optimisation toolkit."
-    )
+    from klppo.cli_common import OneLineParser
+
+    parser = OneLineParser(prog="klppo", description="KL-controlled policy optimisation toolkit.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="train PPO on a Gymnasium env (klppo train --help)",
                    add_help=False)

@@ -3,26 +3,57 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
+from klppo.cli_common import BAD_INPUT, FAILED, OneLineParser, parse_config_flags, say_error
+
+RLHF_USAGE = """klppo rlhf [--config FILE.yaml] [FLAGS...]
+       klppo rlhf --resume RUN_DIR
+       klppo rlhf compare [FLAGS...]
+
+--config: a YAML mapping of the fields below (flags override it). --resume continues a run
+from its last checkpoint exactly (the run's config.yaml is used; no other flags)."""
+
+
+def _quiet_transformers() -> None:
+    """No per-save progress bars from transformers on the CLI's stderr."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """What bad input raises: printed as one line, exit status 2."""
+    from klppo.runs.rundir import DirBusyError
+
+    return (ValueError, OSError, DirBusyError)
+
 
 def run_lm(argv: list[str]) -> int:
-    import tyro
-
     if not argv or argv[0] != "pretrain":
         print("usage: klppo lm pretrain [--out DIR] [--steps N] ... (--help for all)",
               file=sys.stderr)
-        return 2
-    from klppo.lm.pretrain import PretrainConfig, pretrain
+        return BAD_INPUT
+    from klppo.lm.pretrain import PretrainConfig, pretrain, validate_pretrain
 
-    cfg = tyro.cli(PretrainConfig, args=argv[1:], prog="klppo lm pretrain")
+    try:
+        cfg = validate_pretrain(parse_config_flags(PretrainConfig, argv[1:],
+                                                   "klppo lm pretrain"))
+    except _input_errors() as e:
+        say_error("lm pretrain", e)
+        return BAD_INPUT
     print(f"pretraining a small GPT-2 on the Austen train split ({cfg.steps} steps) ...",
           flush=True)
-    res = pretrain(cfg)
+    try:
+        res = pretrain(cfg)
+    except Exception as e:  # noqa: BLE001 - a failed run is one line, exit 1
+        say_error("lm pretrain", f"failed: {type(e).__name__}: {e}")
+        return FAILED
     print(f"held-out perplexity {res['held_out_perplexity']:.1f} (at init "
           f"{res['held_out_perplexity_at_init']:.0f}); {res['parameters']:,} parameters; "
           f"{res['train_tokens_per_second']:,.0f} training tokens/s; "
@@ -39,22 +70,56 @@ def _progress(m: dict) -> None:
               flush=True)
 
 
+def _rlhf_config(config: str | None, rest: list[str]):
+    """The config from --config (YAML) and the flags over it, validated."""
+    from klppo.lm.config import ConfigError, RLHFConfig, config_from_dict
+    from klppo.runs.configfile import read_config_file
+
+    base = RLHFConfig()
+    if config is not None:
+        try:
+            base = config_from_dict(read_config_file(config, "config"))
+        except ConfigError as e:
+            raise ConfigError(f"{e} (in {config})") from None
+    return parse_config_flags(RLHFConfig, rest, "klppo rlhf", default=base,
+                              description=RLHF_USAGE)
+
+
 def run_rlhf(argv: list[str]) -> int:
-    import tyro
-
-    from klppo.lm.config import RLHFConfig
-
     if argv and argv[0] == "compare":
         return run_compare(argv[1:])
-    cfg = tyro.cli(RLHFConfig, args=argv, prog="klppo rlhf")
-    from klppo.lm.rlhf import rlhf
+    pre = OneLineParser(prog="klppo rlhf", add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    pre.add_argument("--resume")
+    known, rest = pre.parse_known_args(argv)
+    from klppo.lm.rlhf import RLHFError, resume_rlhf, rlhf
+
+    _quiet_transformers()
 
     try:
-        res = rlhf(cfg, on_iteration=_progress)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"klppo rlhf: {e}", file=sys.stderr)
-        return 1
+        if known.resume is not None:
+            if rest or known.config is not None:
+                raise ValueError(f"resume={known.resume!r}: takes no other flags (the run's "
+                                 f"config.yaml is used), got {' '.join(rest) or '--config'}")
+            res = resume_rlhf(known.resume, on_iteration=_progress)
+        else:
+            cfg = _rlhf_config(known.config, rest)
+            res = rlhf(cfg, on_iteration=_progress)
+    except RLHFError as e:
+        say_error("rlhf", e)
+        return FAILED
+    except _input_errors() as e:
+        say_error("rlhf", e)
+        return BAD_INPUT
+    except KeyboardInterrupt:
+        say_error("rlhf", "interrupted at once (second signal); resume with --resume")
+        return 130
+    except Exception as e:  # noqa: BLE001 - anything else is a failure, still one line
+        say_error("rlhf", f"failed: {type(e).__name__}: {e}")
+        return FAILED
     print(f"run directory: {res.run_dir}")
+    print(f"status: {res.status}" + (f"; continue with `klppo rlhf --resume {res.run_dir}`"
+                                     if res.status == "interrupted" else ""))
     return 0
 
 
@@ -76,14 +141,9 @@ def conclusion(summaries) -> list[str]:
     return lines
 
 
-def run_compare(argv: list[str]) -> int:
-    from klppo.lm.compare import arms
-    from klppo.lm.compare import run_compare as go
-    from klppo.lm.config import RLHFConfig
-    from klppo.report.lm import lm_report
-
-    p = argparse.ArgumentParser(prog="klppo rlhf compare",
-                                description="fixed vs adaptive KL control, both regimes")
+def _compare_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="klppo rlhf compare",
+                      description="fixed vs adaptive KL control, both regimes")
     p.add_argument("--model", default="runs/lm/base", help="pretrained HF model directory")
     p.add_argument("--out", default="runs/rlhf-compare")
     p.add_argument("--iterations", type=int, default=150)
@@ -95,27 +155,67 @@ def run_compare(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, default=2, help="arms in parallel")
     p.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                    help="other RLHFConfig fields, e.g. lr=0.0001 kl_estimator=k3")
-    a = p.parse_args(argv)
-    import yaml
+    return p
+
+
+#: RLHFConfig fields that compare sets itself (from its own flags, or per arm)
+_OWN_FIELDS = {"model": "--model", "out": "--out", "iterations": "--iterations",
+               "seed": "--seeds", "beta": "--strong-beta / --weak-beta",
+               "controller": "--adaptive", "target": "--target"}
+
+
+def _set_fields(items: list[str]) -> dict:
+    from klppo.lm.config import ConfigError
+    from klppo.runs.configfile import parse_yaml
 
     over = {}
-    for item in a.set:
+    for item in items:
         k, sep, v = item.partition("=")
-        if not sep:
-            print(f"--set {item!r}: expected FIELD=VALUE", file=sys.stderr)
-            return 2
-        over[k] = yaml.safe_load(v)
+        if not sep or not k:
+            raise ConfigError(f"--set={item!r}: expected FIELD=VALUE")
+        if k.replace("-", "_") in _OWN_FIELDS:
+            raise ConfigError(f"--set={item!r}: {k} is set by {_OWN_FIELDS[k]}")
+        over[k] = parse_yaml(v, f"--set={item!r}")
+    return over
+
+
+def _compare_configs(a: argparse.Namespace) -> dict:
+    """Every arm's config from the flags; one-line errors naming the flag and the value."""
+    import math
+
+    from klppo.core.controllers import CONTROLLERS
+    from klppo.lm.compare import arms
+    from klppo.lm.config import ConfigError, RLHFConfig, config_from_dict
+    from klppo.lm.model import check_model_dir
+    from klppo.runs.paths import check_writable
+
+    for flag, v in (("--strong-beta", a.strong_beta), ("--weak-beta", a.weak_beta)):
+        if not (math.isfinite(v) and v >= 0):
+            raise ConfigError(f"{flag}={v!r}: must be finite and >= 0")
+    if a.adaptive not in CONTROLLERS:
+        raise ConfigError(f"--adaptive={a.adaptive!r}: must be one of {sorted(CONTROLLERS)}")
+    if a.workers < 1:
+        raise ConfigError(f"--workers={a.workers!r}: must be an integer >= 1")
+    if len(set(a.seeds)) != len(a.seeds):
+        raise ConfigError(f"--seeds={a.seeds!r}: must be distinct")
+    base = config_from_dict(_set_fields(a.set), RLHFConfig(
+        model=a.model, iterations=a.iterations, target=a.target))
+    configs = arms(base, a.strong_beta, a.weak_beta, a.adaptive, a.seeds)
+    check_model_dir(a.model)
+    check_writable(a.out)
+    return configs
+
+
+def run_compare(argv: list[str]) -> int:
+    from klppo.lm.compare import run_compare as go
+    from klppo.report.lm import lm_report
+
+    a = _compare_parser().parse_args(argv)
     try:
-        base = dataclasses.replace(RLHFConfig(model=a.model, iterations=a.iterations,
-                                              target=a.target), **over)
-        configs = arms(base, a.strong_beta, a.weak_beta, a.adaptive, a.seeds)
-    except (TypeError, ValueError) as e:
-        print(f"klppo rlhf compare: {e}", file=sys.stderr)
-        return 2
-    if not (Path(a.model) / "config.json").exists():
-        print(f"klppo rlhf compare: no model at {a.model}; run `klppo lm pretrain --out "
-              f"{a.model}` first", file=sys.stderr)
-        return 2
+        configs = _compare_configs(a)
+    except _input_errors() as e:
+        say_error("rlhf compare", e)
+        return BAD_INPUT
     t0 = time.perf_counter()
     print(f"{len(configs)} arms, {a.iterations} iterations each, {a.workers} at a time",
           flush=True)
@@ -131,4 +231,4 @@ def run_compare(argv: list[str]) -> int:
         print(line)
     (Path(a.out) / "report" / "conclusion.json").write_text(json.dumps(conclusion(summaries)))
     print(f"report: {page.resolve()}  ({time.perf_counter() - t0:.0f}s)")
-    return 0 if all(s == "finished" for s, _ in results.values()) else 1
+    return 0 if all(s == "finished" for s, _ in results.values()) else FAILED

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
+import math
 from pathlib import Path
+
+from klppo.cli_common import BAD_INPUT, say_error
 
 
 def add_parser(sub) -> None:
@@ -26,35 +28,65 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_replay)
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """The numeric flags and the trace / --closed-loop choice; ValueError naming the flag."""
+    def bad(flag: str, value, why: str) -> ValueError:
+        return ValueError(f"{flag}={value!r}: {why}")
+
+    if args.steps < 1:
+        raise bad("--steps", args.steps, "must be an integer >= 1")
+    if not 0 <= args.seed < 2**32:
+        raise bad("--seed", args.seed, "must be an integer in [0, 2**32)")
+    if not math.isfinite(args.drift):
+        raise bad("--drift", args.drift, "must be finite")
+    if not (math.isfinite(args.noise) and args.noise >= 0):
+        raise bad("--noise", args.noise, "must be finite and >= 0")
+    if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
+        raise bad("--target", args.target, "must be finite and > 0")
+    if args.column is not None and not args.column.strip():
+        raise bad("--column", args.column, "must name a column")
+    if args.closed_loop and args.trace:
+        raise bad("trace", args.trace, "not used with --closed-loop (give one or the other)")
+    if not args.closed_loop and not args.trace:
+        raise bad("trace", None, "give a trace (run directory, metrics.jsonl or CSV), or "
+                                 "--closed-loop")
+    specs = args.controller or []
+    dup = next((x for i, x in enumerate(specs) if x in specs[:i]), None)
+    if dup is not None:
+        raise bad("--controller", dup, "given twice")
+
+
+def _inputs(args: argparse.Namespace):
+    """``(steps, kl or None, target, controllers)`` from the flags and the trace file."""
+    from klppo.replay.lab import default_controllers, load_trace, parse_controller
+    from klppo.runs.paths import check_writable
+
+    _check_flags(args)
+    check_writable(args.out)
+    if args.closed_loop:
+        target = args.target or 0.02
+        steps, kl = list(range(args.steps)), None
+    else:
+        steps, kl, run_target = load_trace(args.trace, args.column)
+        target = args.target or run_target or 0.02
+        if not (math.isfinite(target) and target > 0):
+            raise ValueError(f"trace={args.trace!r}: kl_target={target!r} must be finite and "
+                             f"> 0 (or pass --target)")
+    specs = args.controller or default_controllers(target)
+    return steps, kl, target, dict(parse_controller(s, target) for s in specs)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
-    from klppo.replay.lab import (
-        Plant,
-        closed_loop,
-        default_controllers,
-        load_trace,
-        open_loop,
-        parse_controller,
-        tracking_metrics,
-    )
+    from klppo.replay.lab import Plant, closed_loop, open_loop, tracking_metrics
     from klppo.replay.plots import plot_lab
 
+    try:
+        steps, kl, target, ctrls = _inputs(args)
+    except (ValueError, OSError) as e:
+        say_error("replay", e)
+        return BAD_INPUT
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        if args.closed_loop:
-            target = args.target or 0.02
-            steps, run_target = list(range(args.steps)), target
-        else:
-            if not args.trace:
-                print("klppo replay: give a trace, or --closed-loop", file=sys.stderr)
-                return 2
-            steps, kl, run_target = load_trace(args.trace, args.column)
-            target = args.target or run_target or 0.02
-        specs = args.controller or default_controllers(target)
-        ctrls = dict(parse_controller(s, target) for s in specs)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"klppo replay: {e}", file=sys.stderr)
-        return 2
     rows = []
     if args.closed_loop:
         plant = Plant(drift=args.drift, noise=args.noise, seed=args.seed)

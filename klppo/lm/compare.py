@@ -14,7 +14,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from klppo.lm.config import RLHFConfig, validate_rlhf
+from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf
 from klppo.runs import rundir as R
 
 __all__ = ["arms", "run_compare"]
@@ -29,8 +29,11 @@ def arms(base: RLHFConfig, strong_beta: float, weak_beta: float, adaptive: str,
             for kind, ctrl in (("fixed", "fixed"), ("adaptive", adaptive)):
                 name = f"{kind}_{regime}__{seed}" if kind == "fixed" else \
                     f"adaptive_from_{regime}__{seed}"
-                out[name] = validate_rlhf(dataclasses.replace(base, controller=ctrl, beta=beta,
-                                                              seed=seed))
+                try:
+                    out[name] = validate_rlhf(dataclasses.replace(base, controller=ctrl,
+                                                                  beta=beta, seed=seed))
+                except ConfigError as e:
+                    raise ConfigError(f"{e} (arm {name})") from None
     return out
 
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from klppo.core.controllers import CONTROLLERS, ControllerName
+from klppo.core.controllers import ControllerName
+from klppo.runs.configfile import field_hints, overlay
+from klppo.runs.typecheck import TypeCheckError, check_value
 
 KLEstimatorLM = Literal["k1", "k3", "full"]
 KLPlacement = Literal["reward", "loss"]
 KLUnitLM = Literal["per_sequence_sum", "per_token_mean"]
 
-__all__ = ["RLHFConfig", "validate_rlhf"]
+__all__ = ["RLHFConfig", "ConfigError", "validate_rlhf", "config_from_dict"]
 
 
 @dataclass
@@ -96,29 +98,76 @@ class RLHFConfig:
         return self.horizon if self.horizon is not None else max(1.0, self.episodes / 30)
 
 
-def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
-    def bad(field: str, why: str) -> ValueError:
-        return ValueError(f"{field}={getattr(c, field)!r}: {why}")
+class ConfigError(ValueError):
+    """Bad input (a config value, the model, the output path); the message names the field
+    and the value."""
 
-    for f in ("iterations", "batch_size", "prompt_len", "response_len", "ppo_epochs",
-              "minibatch_size", "eval_every", "eval_windows", "eval_seq_len", "checkpoint_every",
-              "torch_threads"):
-        if not isinstance(getattr(c, f), int) or getattr(c, f) < 1:
-            raise bad(f, "must be an integer >= 1")
+
+def _bad(field: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"{field}={value!r}: {why}")
+
+
+_POSITIVE_INTS = ("iterations", "batch_size", "prompt_len", "response_len", "ppo_epochs",
+                  "minibatch_size", "eval_every", "eval_windows", "eval_seq_len",
+                  "checkpoint_every", "torch_threads")
+_POSITIVE_FLOATS = ("temperature", "lr", "eps", "value_clip", "max_grad_norm", "target")
+_UNIT_FLOATS = ("gamma", "lam")
+
+
+def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
+    """Check every field's type and range once, early; :class:`ConfigError` names the first
+    bad field and its value."""
+    for name, ann in field_hints(RLHFConfig).items():
+        try:
+            check_value(name, getattr(c, name), ann)
+        except TypeCheckError as e:
+            raise ConfigError(str(e)) from None
+    for f in _POSITIVE_INTS:
+        if getattr(c, f) < 1:
+            raise _bad(f, getattr(c, f), "must be an integer >= 1")
+    if not 0 <= c.seed < 2**32:
+        raise _bad("seed", c.seed, "must be an integer in [0, 2**32)")
     if c.batch_size % c.minibatch_size:
-        raise bad("minibatch_size", f"must divide batch_size={c.batch_size}")
-    for f in ("temperature", "lr", "eps", "value_clip", "max_grad_norm", "target"):
-        v = getattr(c, f)
-        if not (math.isfinite(v) and v > 0):
-            raise bad(f, "must be finite and > 0")
-    if not (math.isfinite(c.beta) and c.beta >= 0):
-        raise bad("beta", "must be finite and >= 0")
-    if c.controller not in CONTROLLERS:
-        raise bad("controller", f"must be one of {sorted(CONTROLLERS)}")
-    if c.kl_estimator not in ("k1", "k3", "full"):
-        raise bad("kl_estimator", "must be k1, k3 or full")
-    if c.kl_placement not in ("reward", "loss"):
-        raise bad("kl_placement", "must be reward or loss")
-    if c.horizon is not None and not c.horizon > 0:
-        raise bad("horizon", "must be > 0")
+        raise _bad("minibatch_size", c.minibatch_size, f"must divide batch_size={c.batch_size}")
+    for f in _POSITIVE_FLOATS:
+        if not (math.isfinite(getattr(c, f)) and getattr(c, f) > 0):
+            raise _bad(f, getattr(c, f), "must be finite and > 0")
+    for f in ("beta", "beta_min", "vf_coef"):
+        if not (math.isfinite(getattr(c, f)) and getattr(c, f) >= 0):
+            raise _bad(f, getattr(c, f), "must be finite and >= 0")
+    for f in _UNIT_FLOATS:
+        if not 0 <= getattr(c, f) <= 1:
+            raise _bad(f, getattr(c, f), "must be in [0, 1]")
+    if not c.beta_max > c.beta_min or math.isnan(c.beta_max):
+        raise _bad("beta_max", c.beta_max, f"must be > beta_min={c.beta_min}")
+    if not c.beta_min <= c.beta <= c.beta_max:
+        raise _bad("beta", c.beta, f"must be in [beta_min, beta_max] = [{c.beta_min}, "
+                                   f"{c.beta_max}]")
+    if c.horizon is not None and not (math.isfinite(c.horizon) and c.horizon > 0):
+        raise _bad("horizon", c.horizon, "must be finite and > 0 (or null)")
+    _check_reward(c.reward)
     return c
+
+
+def _check_reward(spec: str) -> None:
+    if spec == "vader":
+        return
+    name, _, rest = spec.partition(":")
+    path, _, label = rest.partition(":")
+    if name != "classifier" or not path:
+        raise _bad("reward", spec, "must be 'vader' or 'classifier:PATH[:LABEL]'")
+    if label and not label.isdigit():
+        raise _bad("reward", spec, f"LABEL {label!r} must be a non-negative integer")
+
+
+def config_from_dict(values: Any, base: RLHFConfig | None = None,
+                     what: str = "config") -> RLHFConfig:
+    """``base`` (default: the defaults) with the fields of a mapping read from YAML, each
+    checked against its type; then :func:`validate_rlhf`."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{what}={values!r}: must be a mapping of field: value")
+    try:
+        cfg = overlay(base if base is not None else RLHFConfig(), values)
+    except TypeCheckError as e:
+        raise ConfigError(str(e)) from None
+    return validate_rlhf(cfg)

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["train_tokenizer", "small_gpt2", "load_lm", "PolicyWithValue", "frozen_reference"]
+__all__ = ["train_tokenizer", "small_gpt2", "check_model_dir", "load_lm", "PolicyWithValue",
+           "frozen_reference"]
 
 
 def train_tokenizer(text: str, vocab_size: int = 2048):
@@ -46,18 +47,51 @@ def small_gpt2(vocab_size: int, n_positions: int = 128, n_embd: int = 128, n_lay
     return GPT2LMHeadModel(cfg)
 
 
+def check_model_dir(path: str | Path, what: str = "model") -> None:
+    """Fail early, one line naming ``what`` and the path, unless ``path`` is a Hugging Face
+    model directory whose ``config.json`` transformers can read (the weights are not loaded)."""
+    from klppo.lm.config import ConfigError
+
+    p = Path(path)
+    name = f"{what}={str(p)!r}"
+    hint = f"pretrain one with `klppo lm pretrain --out {p}` or pass a HF model directory"
+    if not p.exists():
+        raise ConfigError(f"{name}: no such directory; {hint}")
+    if not p.is_dir():
+        raise ConfigError(f"{name}: is a file, not a model directory; {hint}")
+    if not (p / "config.json").is_file():
+        raise ConfigError(f"{name}: not a Hugging Face model directory (no config.json); {hint}")
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.from_pretrained(p)
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds; all mean "bad dir"
+        raise ConfigError(f"{name}: config.json cannot be read ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
 def load_lm(path: str | Path):
-    """``(model, tokenizer)`` from a Hugging Face directory (any local causal LM)."""
+    """``(model, tokenizer)`` from a Hugging Face directory (any local causal LM).
+
+    A directory that is not one raises ``ConfigError`` naming ``model`` and the path."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from klppo.lm.config import ConfigError
+
     path = Path(path)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"model={str(path)!r}: no config.json; pretrain one with "
-                                f"`klppo lm pretrain --out {path}` or pass a HF model directory")
-    tok = AutoTokenizer.from_pretrained(path)
+    check_model_dir(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - see check_model_dir
+        raise ConfigError(f"model={str(path)!r}: cannot be loaded as a causal LM with its "
+                          f"tokenizer ({_first_line(e)})") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path)
     return model, tok
 
 

@@ -17,7 +17,7 @@ from klppo.lm.model import small_gpt2, train_tokenizer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PretrainConfig", "pretrain", "perplexity", "encode"]
+__all__ = ["PretrainConfig", "validate_pretrain", "pretrain", "perplexity", "encode"]
 
 
 @dataclass
@@ -38,6 +38,38 @@ class PretrainConfig:
     """seed of the initialisation and the batch order"""
     torch_threads: int = 1
     """torch threads"""
+
+
+def validate_pretrain(cfg: PretrainConfig) -> PretrainConfig:
+    """Check every field (type, range) and that ``out`` can be written, before any work;
+    ``ConfigError`` names the first bad field and its value."""
+    from klppo.lm.config import ConfigError
+    from klppo.runs.configfile import field_hints
+    from klppo.runs.paths import check_writable
+    from klppo.runs.typecheck import TypeCheckError, check_value
+
+    def bad(name: str, why: str) -> ConfigError:
+        return ConfigError(f"{name}={getattr(cfg, name)!r}: {why}")
+
+    for name, ann in field_hints(PretrainConfig).items():
+        try:
+            check_value(name, getattr(cfg, name), ann)
+        except TypeCheckError as e:
+            raise ConfigError(str(e)) from None
+    for name in ("steps", "batch_size", "seq_len", "torch_threads"):
+        if getattr(cfg, name) < 1:
+            raise bad(name, "must be an integer >= 1")
+    if cfg.vocab_size < 257:
+        raise bad("vocab_size", "must be an integer >= 257 (256 bytes + the end-of-text token)")
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise bad("lr", "must be finite and > 0")
+    if not 0 <= cfg.seed < 2**32:
+        raise bad("seed", "must be an integer in [0, 2**32)")
+    try:
+        check_writable(cfg.out)
+    except OSError as e:
+        raise ConfigError(str(e)) from None
+    return cfg
 
 
 def encode(tok, text: str) -> np.ndarray:
@@ -75,10 +107,12 @@ def perplexity(model, ids: np.ndarray, seq_len: int = 128, max_windows: int = 20
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
-    """Train tokenizer and LM; save both to ``cfg.out``; return the measured numbers."""
+    """Train tokenizer and LM; save both to ``cfg.out``; return the measured numbers.
+
+    Bad input raises ``ConfigError`` before any work; ``cfg.out`` is created only to save."""
+    validate_pretrain(cfg)
     torch.set_num_threads(cfg.torch_threads)
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     split = split_corpus()
     t0 = time.perf_counter()
     tok = train_tokenizer(split.train, cfg.vocab_size)
@@ -107,6 +141,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
             log.info("pretrain step %d loss %.3f", step + 1, float(loss.detach()))
     t_train = time.perf_counter() - t1
     ppl = perplexity(model, held_ids, cfg.seq_len)
+    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     result = {

@@ -83,10 +83,28 @@ class ClassifierReward:
 
 
 def make_reward(name: str) -> RewardFn:
-    """``vader``, or ``classifier:PATH[:LABEL]`` for a local HF classifier."""
+    """``vader``, or ``classifier:PATH[:LABEL]`` for a local HF classifier. A bad spec or a
+    classifier that cannot be loaded raises ``ConfigError`` naming ``reward`` and the spec."""
+    from klppo.lm.config import ConfigError
+
     if name == "vader":
         return VaderReward()
     if name.startswith("classifier:"):
         _, path, *rest = name.split(":")
-        return ClassifierReward(path, int(rest[0]) if rest else 1)
-    raise ValueError(f"reward={name!r}: use 'vader' or 'classifier:PATH[:LABEL]'")
+        if len(rest) > 1 or (rest and not rest[0].isdigit()):
+            raise ConfigError(f"reward={name!r}: use 'classifier:PATH[:LABEL]' with an integer "
+                              f"LABEL")
+        if not (Path(path) / "config.json").is_file():
+            raise ConfigError(f"reward={name!r}: {path!r} is not a Hugging Face model directory "
+                              f"(no config.json)")
+        label = int(rest[0]) if rest else 1
+        try:
+            reward = ClassifierReward(path, label)
+        except Exception as e:  # noqa: BLE001 - transformers raises many kinds
+            raise ConfigError(f"reward={name!r}: the classifier cannot be loaded "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        if label >= reward.model.config.num_labels:
+            raise ConfigError(f"reward={name!r}: the classifier has "
+                              f"{reward.model.config.num_labels} labels; LABEL {label} is none")
+        return reward
+    raise ConfigError(f"reward={name!r}: use 'vader' or 'classifier:PATH[:LABEL]'")

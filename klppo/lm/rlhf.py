@@ -1,274 +1,279 @@
-"""``rlhf(config) -> RLHFResult``: PPO on a language model with a KL penalty to a reference.
+"""``rlhf(config) -> RLHFResult``: PPO on a language model with a KL penalty to a reference;
+``resume_rlhf(run_dir)`` continues a run from its last checkpoint exactly.
 
-One iteration: sample prompts (windows of training text) -> generate responses with a KV cache
--> score (task reward; policy, value and reference log-probs in one full forward each) -> per-token
-KL(policy || reference) and rewards -> GAE -> PPO epochs (the core's clipped loss) -> controller
-update on the measured KL (in ``kl_unit``) -> log. Prompt tokens and padding never enter the KL,
-the rewards or the loss: everything is computed on response positions and masked.
+The iteration itself is :class:`klppo.lm.experiment.Experiment`; this module is the run's life in
+its directory. Every input (config, model, reward, output path) is checked and loaded before the
+directory is created. The process holds the directory's lock (:class:`klppo.runs.rundir.DirLock`)
+while it runs. Every ``checkpoint_every`` iterations (and at the end, and on SIGINT / SIGTERM)
+the policy is exported to ``policy/`` and ``checkpoint.pt`` is written atomically; a run killed
+at any moment and resumed writes the same metrics.jsonl as an uninterrupted one (timing fields
+aside). A failure leaves status.json ``failed`` with the reason and the last good checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-import time
+import shutil
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from klppo.core.advantages import gae
-from klppo.core.controllers import make_controller
-from klppo.core.kl import full_kl, per_sequence_sum, per_token_mean, sampled_kl
-from klppo.core.loss import PPOLoss
-from klppo.lm.config import RLHFConfig, validate_rlhf
-from klppo.lm.model import PolicyWithValue, frozen_reference, load_lm
-from klppo.lm.pretrain import encode, perplexity
-from klppo.lm.reward import RewardFn, checked, make_reward
-from klppo.lm.sampling import generate, response_mask, token_logprobs
+from klppo.lm.config import ConfigError, RLHFConfig, config_from_dict, validate_rlhf
+from klppo.lm.experiment import STATE_KEYS, TIMING_KEYS, Experiment
+from klppo.lm.reward import RewardFn
+from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_rewards
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
+from klppo.runs.configfile import read_config_file
+from klppo.runs.paths import check_writable
+from klppo.runs.signals import StopRequest
 
-log = logging.getLogger(__name__)
+__all__ = ["RLHFResult", "RLHFError", "ResumeError", "rlhf", "resume_rlhf", "read_run_config",
+           "read_checkpoint", "TIMING_KEYS", "CHECKPOINT", "score_sequences", "per_token_kl",
+           "token_rewards", "distinct_n"]
 
-__all__ = ["RLHFResult", "rlhf", "score_sequences", "per_token_kl", "token_rewards",
-           "distinct_n"]
+CHECKPOINT = "checkpoint.pt"
+
+OnIteration = Callable[[dict[str, Any]], None] | None
+
+
+class RLHFError(RuntimeError):
+    """A run stopped on an error; status.json says why, and its last good checkpoint is kept."""
+
+
+class ResumeError(ConfigError):
+    """A run directory cannot be resumed; the message names the file and the reason."""
+
+
+class _IterationFailed(Exception):
+    def __init__(self, iteration: int, error: Exception) -> None:
+        super().__init__(iteration, error)
+        self.iteration, self.error = iteration, error
 
 
 @dataclass
 class RLHFResult:
     run_dir: Path
     metrics: list[dict[str, Any]]
-
-
-def score_sequences(policy: PolicyWithValue, ref, prompts: torch.Tensor,
-                    responses: torch.Tensor, grad: bool = False) -> dict[str, torch.Tensor]:
-    """Full forward passes over prompt + response; everything at response positions only.
-
-    Returns ``logp`` and ``values`` of the policy and ``logp_ref`` of the reference, each
-    ``[B, R]`` (``values[:, t]`` is the value of the state before response token t), and the
-    policy and reference logits ``[B, R, V]`` that predict the response tokens.
-    """
-    seq = torch.cat([prompts, responses], 1)
-    P, R = prompts.shape[1], responses.shape[1]
-    with torch.set_grad_enabled(grad):
-        logits, values = policy(seq)
-        logits = logits[:, P - 1:P - 1 + R]
-        out = {"logp": token_logprobs(logits, responses), "values": values[:, P - 1:P - 1 + R],
-               "logits": logits}
-    if ref is not None:
-        with torch.no_grad():
-            ref_logits = ref(input_ids=seq).logits[:, P - 1:P - 1 + R]
-            out["logits_ref"] = ref_logits
-            out["logp_ref"] = token_logprobs(ref_logits, responses)
-    return out
-
-
-def per_token_kl(estimator: str, logp: torch.Tensor, logp_ref: torch.Tensor,
-                 mask: torch.Tensor, logits: torch.Tensor | None = None,
-                 logits_ref: torch.Tensor | None = None) -> torch.Tensor:
-    """``[B, R]`` per-token KL(policy || reference) on samples from the policy; 0 where
-    ``mask`` is False. ``k1 = logp - logp_ref``; ``k3`` the unbiased non-negative form;
-    ``full`` the exact KL over the vocabulary at each position."""
-    if estimator == "full":
-        kl = full_kl(logits, logits_ref, mask=mask)
-    else:  # padded positions may hold anything: they are replaced before the estimator runs
-        zero = torch.zeros((), dtype=logp.dtype)
-        kl = sampled_kl(torch.where(mask, logp, zero), torch.where(mask, logp_ref, zero),
-                        estimator)
-    return torch.where(mask, kl, torch.zeros((), dtype=kl.dtype))
-
-
-def token_rewards(kl: torch.Tensor, score: torch.Tensor, mask: torch.Tensor, beta: float,
-                  in_reward: bool) -> torch.Tensor:
-    """``r_t = -beta KL_t`` at every response token (if ``in_reward``) plus the task score at
-    the last real token; 0 at padding."""
-    r = -beta * kl if in_reward else torch.zeros_like(kl)
-    last = mask.long().sum(1) - 1
-    r = r.clone()
-    r[torch.arange(len(score)), last] += score
-    return torch.where(mask, r, torch.zeros((), dtype=r.dtype))
-
-
-def distinct_n(token_rows: list[list[int]], n: int = 2) -> float:
-    """Distinct-n: unique n-grams / all n-grams over the responses (diversity; 1 = no repeats)."""
-    grams, total = set(), 0
-    for row in token_rows:
-        for i in range(len(row) - n + 1):
-            grams.add(tuple(row[i:i + n]))
-            total += 1
-    return len(grams) / total if total else 0.0
-
-
-class _RLHF:
-    def __init__(self, cfg: RLHFConfig, run_dir: Path, reward: RewardFn | None) -> None:
-        self.cfg = validate_rlhf(cfg)
-        self.run_dir = run_dir
-        torch.set_num_threads(cfg.torch_threads)
-        torch.manual_seed(cfg.seed)
-        lm, self.tok = load_lm(cfg.model)
-        self.ref = frozen_reference(lm)
-        self.policy = PolicyWithValue(lm)
-        self.policy.train()
-        self.reward = reward or make_reward(cfg.reward)
-        self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr, eps=1e-5)
-        self.ctrl = make_controller(cfg.controller, beta=cfg.beta, target=cfg.target,
-                                    beta_min=cfg.beta_min, beta_max=cfg.beta_max,
-                                    **({"horizon": cfg.effective_horizon}
-                                       if cfg.controller == "proportional" else {}))
-        self.loss = PPOLoss("clip", eps=cfg.eps, vf_coef=cfg.vf_coef, value_clip=cfg.value_clip,
-                            normalize_advantage="none")
-        self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.rng = np.random.default_rng(cfg.seed)
-        from klppo.lm.corpus import split_corpus
-
-        split = split_corpus()
-        self.train_ids = encode(self.tok, split.train)
-        self.held_ids = encode(self.tok, split.held_out)
-        self.eos = self.tok.eos_token_id
-        self.ppl_initial = perplexity(self.policy.lm, self.held_ids, cfg.eval_seq_len,
-                                      cfg.eval_windows)
-
-    def prompts(self) -> torch.Tensor:
-        c = self.cfg
-        starts = self.rng.integers(0, len(self.train_ids) - c.prompt_len, c.batch_size)
-        return torch.from_numpy(np.stack([self.train_ids[s:s + c.prompt_len] for s in starts]))
-
-    def iterate(self, it: int) -> dict[str, Any]:
-        c = self.cfg
-        beta = self.ctrl.value
-        t0 = time.perf_counter()
-        prompts = self.prompts()
-        self.policy.eval()
-        responses, _ = generate(self.policy.lm, prompts, c.response_len, self.gen,
-                                c.temperature)
-        t1 = time.perf_counter()
-        mask = response_mask(responses, self.eos, c.stop_at_eos)
-        s = score_sequences(self.policy, self.ref, prompts, responses)
-        texts_p = self.tok.batch_decode(prompts)
-        texts_r = self.tok.batch_decode(responses)
-        score = torch.tensor(checked(self.reward, texts_p, texts_r), dtype=torch.float32)
-        kl = per_token_kl(c.kl_estimator, s["logp"], s["logp_ref"], mask, s["logits"],
-                          s["logits_ref"])
-        k1 = per_token_kl("k1", s["logp"], s["logp_ref"], mask)
-        k3 = per_token_kl("k3", s["logp"], s["logp_ref"], mask)
-        rewards = token_rewards(kl, score, mask, beta, c.kl_placement == "reward")
-        last = mask.long().sum(1) - 1
-        term = torch.zeros_like(mask)
-        term[torch.arange(len(last)), last] = True
-        values = torch.where(mask, s["values"], torch.zeros(()))
-        nxt = torch.cat([values[:, 1:], torch.zeros(len(values), 1)], 1)
-        adv, ret = gae(rewards.T.contiguous(), values.T.contiguous(), nxt.T.contiguous(),
-                       term.T.contiguous(), torch.zeros_like(term).T.contiguous(), c.gamma,
-                       c.lam)
-        adv, ret = adv.T, ret.T
-        valid = adv[mask]
-        adv = torch.where(mask, (adv - valid.mean()) / (valid.std() + 1e-8), torch.zeros(()))
-        t2 = time.perf_counter()
-        stats = self.update(prompts, responses, mask, s, adv, ret, beta)
-        t3 = time.perf_counter()
-        unit = per_sequence_sum if c.kl_unit == "per_sequence_sum" else None
-        measured = float(unit(kl, mask).mean()) if unit else float(per_token_mean(kl, mask))
-        self.ctrl.update(measured, n_steps=c.batch_size)
-        info = self.ctrl.info
-        n_tok = int(mask.sum())
-        seq_k1 = per_sequence_sum(k1, mask)
-        m = {
-            "iteration": it, "global_step": it * c.batch_size, "episodes": it * c.batch_size,
-            "score": float(score.mean()), "kl": measured, "kl_unit": c.kl_unit,
-            "kl_estimator": c.kl_estimator,
-            "kl_k1_per_sequence_sum": float(seq_k1.mean()),
-            "kl_k3_per_sequence_sum": float(per_sequence_sum(k3, mask).mean()),
-            "kl_k1_per_token_mean": float(per_token_mean(k1, mask)),
-            "kl_k3_per_token_mean": float(per_token_mean(k3, mask)),
-            "kl_target": c.target, "kl_abs_error": abs(measured - c.target),
-            "beta": beta, "beta_after": info.beta_after,
-            "kl_relative_error": info.relative_error,
-            "kl_error_clipped": float(info.error_clipped),
-            "score_minus_beta_kl": float((score - beta * per_sequence_sum(kl, mask)).mean()),
-            "distinct_2": distinct_n(responses.tolist(), 2),
-            "tokens_per_second_generation": n_tok / max(t1 - t0, 1e-9),
-            "tokens_per_second_scoring": n_tok / max(t2 - t1, 1e-9),
-            "tokens_per_second_training": n_tok * c.ppo_epochs / max(t3 - t2, 1e-9),
-            **stats,
-        }
-        if it % c.eval_every == 0 or it == 1 or it == c.iterations:
-            m["held_out_perplexity"] = perplexity(self.policy.lm, self.held_ids, c.eval_seq_len,
-                                                  c.eval_windows)
-            m["held_out_perplexity_initial"] = self.ppl_initial  # before any update
-            m["samples"] = [{"prompt": p, "response": r, "score": float(x)}
-                            for p, r, x in list(zip(texts_p, texts_r, score.tolist()))[:4]]
-        return m
-
-    def update(self, prompts, responses, mask, s, adv, ret, beta) -> dict[str, float]:
-        c = self.cfg
-        self.policy.train()
-        logp_old, v_old, logp_ref = s["logp"].detach(), s["values"].detach(), s["logp_ref"]
-        sums: dict[str, float] = {}
-        n = 0
-        for _ in range(c.ppo_epochs):
-            perm = torch.randperm(c.batch_size, generator=self.gen)
-            for i in range(0, c.batch_size, c.minibatch_size):
-                idx = perm[i:i + c.minibatch_size]
-                cur = score_sequences(self.policy, None, prompts[idx], responses[idx], grad=True)
-                mk = mask[idx]
-                out = self.loss(cur["logp"][mk], logp_old[idx][mk], adv[idx][mk],
-                                cur["values"][mk], ret[idx][mk], v_old[idx][mk])
-                loss = out["loss"]
-                if c.kl_placement == "loss":  # GRPO: beta * k3(policy || reference) per token
-                    kl_loss = sampled_kl(cur["logp"][mk], logp_ref[idx][mk], "k3").mean()
-                    loss = loss + beta * kl_loss
-                    out["kl_loss_k3"] = kl_loss.detach()
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
-                self.opt.step()
-                for k in ("loss", "loss_objective", "loss_critic", "clip_fraction", "kl_k3",
-                          "frac_kill", "kl_loss_k3"):
-                    if k in out:
-                        sums[k] = sums.get(k, 0.0) + float(out[k].detach())
-                n += 1
-        renamed = {"kl_k3": "kl_old_new_k3"}
-        return {renamed.get(k, k): v / n for k, v in sums.items()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy.state_dict(), "opt": self.opt.state_dict(),
-                "ctrl": self.ctrl.state_dict(), "gen": self.gen.get_state(),
-                "rng": self.rng.bit_generator.state}
+    status: str = "finished"
 
 
 def rlhf(cfg: RLHFConfig, reward: RewardFn | None = None,
-         on_iteration: Callable[[dict[str, Any]], None] | None = None) -> RLHFResult:
-    """Run the experiment into a new run directory; return its per-iteration metrics."""
-    validate_rlhf(cfg)
-    out = cfg.out or str(Path("runs/rlhf") / R.default_run_name(
-        "lm", f"{cfg.controller}-beta{cfg.beta:g}", cfg.seed))
-    run_dir = R.create_run_dir(out)
-    R.write_yaml(run_dir / "config.yaml", {"kind": "rlhf", **dataclasses.asdict(cfg)})
-    R.write_metadata(run_dir, {"kind": "rlhf"})
-    sink = M.JsonlSink(run_dir / "metrics.jsonl")
-    R.write_status(run_dir, "running")
-    try:
-        exp = _RLHF(cfg, run_dir, reward)
-        for it in range(1, cfg.iterations + 1):
-            m = exp.iterate(it)
-            sink.write(it, m)
-            if on_iteration is not None:
-                on_iteration(m)
-            if it % cfg.checkpoint_every == 0 or it == cfg.iterations:
-                from klppo.rl.checkpoint import save_checkpoint
+         on_iteration: OnIteration = None) -> RLHFResult:
+    """Run the experiment into a new run directory; return its per-iteration metrics.
 
-                save_checkpoint(run_dir, {"iteration": it, **exp.state_dict()})
-                exp.policy.lm.save_pretrained(run_dir / "policy")
-    except BaseException as e:
-        R.write_status(run_dir, "failed", error=repr(e), traceback=traceback.format_exc())
+    Bad input raises ``ConfigError`` (naming the field and the value) before any directory
+    exists; a directory in use by another process raises ``DirBusyError``; a failure during the
+    run raises :class:`RLHFError`.
+    """
+    validate_rlhf(cfg)
+    out = Path(cfg.out or Path("runs/rlhf") / R.default_run_name(
+        "lm", f"{cfg.controller}-beta{cfg.beta:g}", cfg.seed))
+    try:
+        check_writable(out)
+    except OSError as e:
+        raise ConfigError(str(e)) from None
+    _refuse_existing_run(out)
+    exp = Experiment(cfg, reward)  # loads and checks the model, reward, corpus
+    out.mkdir(parents=True, exist_ok=True)
+    lock = R.DirLock(out).acquire()
+    try:
+        _refuse_existing_run(out)  # another process may have started one meanwhile
+        R.write_yaml(out / "config.yaml", {"kind": "rlhf", **dataclasses.asdict(cfg)})
+        R.write_metadata(out, {"kind": "rlhf"})
+    except BaseException:
+        lock.release()
         raise
+    return _run(exp, out, lock, on_iteration)
+
+
+def _refuse_existing_run(out: Path) -> None:
+    if (out / "metrics.jsonl").exists() or (out / CHECKPOINT).exists():
+        raise ConfigError(f"out={str(out)!r}: already holds a run; continue it with "
+                          f"`klppo rlhf --resume {out}` or choose another --out")
+
+
+def _run(exp: Experiment, run_dir: Path, lock: R.DirLock, on_iteration: OnIteration
+         ) -> RLHFResult:
+    """Iterate to the end (or a stop request) under ``lock``; record the outcome in
+    status.json; release the lock."""
+    try:
+        R.write_status(run_dir, "running", iteration=exp.iteration)
+        try:
+            status = _loop(exp, run_dir, on_iteration)
+        except KeyboardInterrupt:
+            R.write_status(run_dir, "interrupted", iteration=exp.iteration,
+                           checkpoint_iteration=exp.saved_iteration,
+                           error="interrupted at once (second signal)")
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure ends as one named error
+            it, e = (e.iteration, e.error) if isinstance(e, _IterationFailed) else (0, e)
+            msg = (f"iteration {it}: {type(e).__name__}: {_one_line(e)}; the last good "
+                   f"checkpoint (iteration {exp.saved_iteration}) is kept")
+            R.write_status(run_dir, "failed", iteration=exp.iteration, error=msg,
+                           checkpoint_iteration=exp.saved_iteration,
+                           traceback=traceback.format_exc())
+            raise RLHFError(msg) from e
+        R.write_status(run_dir, status, iteration=exp.iteration,
+                       checkpoint_iteration=exp.saved_iteration)
+    finally:
+        lock.release()
+    records, _ = M.read_metrics(run_dir / "metrics.jsonl")
+    return RLHFResult(run_dir, records, status)
+
+
+def _loop(exp: Experiment, run_dir: Path, on_iteration: OnIteration) -> str:
+    c = exp.cfg
+    sink = M.JsonlSink(run_dir / "metrics.jsonl")
+    try:
+        with StopRequest() as stop:
+            while exp.iteration < c.iterations:
+                it = exp.iteration + 1
+                try:
+                    m = exp.iterate()
+                    sink.write(it, m)
+                    if on_iteration is not None:
+                        on_iteration(m)
+                    last = it == c.iterations
+                    if last or it % c.checkpoint_every == 0 or stop.requested:
+                        _save(exp, run_dir)
+                except Exception as e:  # noqa: BLE001 - named with its iteration by _run
+                    raise _IterationFailed(it, e) from e
+                if stop.requested and not last:
+                    return "interrupted"
     finally:
         sink.close()
-    R.write_status(run_dir, "finished", iteration=cfg.iterations)
-    records, _ = M.read_metrics(run_dir / "metrics.jsonl")
-    return RLHFResult(run_dir, records)
+    return "finished"
+
+
+def _save(exp: Experiment, run_dir: Path) -> None:
+    """Export the policy (a Hugging Face directory), then write the checkpoint atomically: a
+    checkpoint on disk implies a policy export at least as new."""
+    from klppo.rl.checkpoint import save_checkpoint
+
+    tmp, final = run_dir / ".policy.tmp", run_dir / "policy"
+    shutil.rmtree(tmp, ignore_errors=True)
+    exp.policy.lm.save_pretrained(tmp)
+    exp.tok.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    save_checkpoint(run_dir, exp.state_dict())
+    exp.saved_iteration = exp.iteration
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(x.strip() for x in str(e).splitlines() if x.strip())[:500]
+
+
+# ------------------------------------------------------------------------------------ resume
+def read_run_config(run_dir: str | Path) -> RLHFConfig:
+    """The validated config of an rlhf run directory; one-line errors for a missing directory,
+    a missing or malformed ``config.yaml``, another kind of run, or bad values."""
+    run_dir = Path(run_dir)
+    d = _rlhf_config_dict(run_dir)
+    try:
+        return config_from_dict(d)
+    except ConfigError as e:
+        raise ResumeError(f"{e} (in {run_dir / 'config.yaml'})") from None
+
+
+def _rlhf_config_dict(run_dir: Path) -> dict[str, Any]:
+    """config.yaml of an rlhf run (without ``kind``); nothing is written on the way."""
+    _check_run_dir(run_dir)
+    path = run_dir / "config.yaml"
+    d = read_config_file(path, "config")
+    kind = d.pop("kind", None)
+    if kind != "rlhf":
+        raise ResumeError(f"config={str(path)!r}: kind={kind!r}, not an rlhf run (a `klppo "
+                          f"train` run resumes with `klppo train --resume`)")
+    return d
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    name = f"resume={str(run_dir)!r}"
+    if not run_dir.exists():
+        raise ResumeError(f"{name}: no such directory")
+    if not run_dir.is_dir():
+        raise ResumeError(f"{name}: not a directory")
+    if not (run_dir / "config.yaml").is_file():
+        raise ResumeError(f"{name}: not a klppo run directory (no config.yaml)")
+
+
+def read_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The state in an rlhf ``checkpoint.pt``; None when there is none; :class:`ResumeError`
+    (one line naming the file) when it is empty, truncated, corrupt or of another kind."""
+    import torch
+
+    if not path.exists():
+        return None
+    name, fix = f"checkpoint={str(path)!r}", "delete it to restart the run from scratch"
+    if path.stat().st_size == 0:
+        raise ResumeError(f"{name}: empty file; {fix}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - torch.load raises many kinds on a bad file
+        raise ResumeError(f"{name}: unreadable ({type(e).__name__}: {_one_line(e)[:200]}); "
+                          f"{fix}") from None
+    missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else STATE_KEYS
+    if missing:
+        raise ResumeError(f"{name}: not an rlhf checkpoint (no {', '.join(missing)}); {fix}")
+    return state
+
+
+def _check_metrics(run_dir: Path, iteration: int) -> None:
+    """The metrics up to the checkpoint's iteration must all be there (they are kept)."""
+    path = run_dir / "metrics.jsonl"
+    records = M.read_metrics(path)[0] if path.exists() else []
+    kept = [r.get("iteration") for r in records
+            if isinstance(r.get("iteration"), int) and r["iteration"] <= iteration]
+    if kept != list(range(1, iteration + 1)):
+        have = "is missing" if not path.exists() else f"holds {len(kept)} of them"
+        raise ResumeError(f"metrics={str(path)!r}: the checkpoint is at iteration {iteration} "
+                          f"but the file {have}; restore the file, or delete checkpoint.pt to "
+                          f"restart the run")
+
+
+def resume_rlhf(run_dir: str | Path, reward: RewardFn | None = None,
+                on_iteration: OnIteration = None) -> RLHFResult:
+    """Continue a run from its last checkpoint (or start it, if it never wrote one).
+
+    Metrics after the checkpoint are discarded and recomputed, so the finished metrics.jsonl
+    equals an uninterrupted run's (timing fields aside). A run that cannot be resumed raises
+    :class:`ResumeError` (and its status.json says 'failed' with the reason).
+    """
+    run_dir = Path(run_dir)
+    _rlhf_config_dict(run_dir)  # not an rlhf run directory: refuse before touching it
+    lock = R.DirLock(run_dir).acquire()
+    try:
+        exp = _restore(run_dir, reward)
+    except BaseException as e:
+        if isinstance(e, Exception):
+            R.write_status(run_dir, "failed", error=_one_line(e), iteration=0)
+        lock.release()
+        raise
+    if exp is None:  # the checkpoint is of the last iteration: nothing to run
+        lock.release()
+        return RLHFResult(run_dir, M.read_metrics(run_dir / "metrics.jsonl")[0], "finished")
+    M.truncate_metrics(run_dir / "metrics.jsonl", exp.iteration)
+    return _run(exp, run_dir, lock, on_iteration)
+
+
+def _restore(run_dir: Path, reward: RewardFn | None) -> Experiment | None:
+    cfg = read_run_config(run_dir)
+    state = read_checkpoint(run_dir / CHECKPOINT)
+    it = int(state["iteration"]) if state else 0
+    _check_metrics(run_dir, it)
+    if it >= cfg.iterations:
+        M.truncate_metrics(run_dir / "metrics.jsonl", it)
+        R.write_status(run_dir, "finished", iteration=it, checkpoint_iteration=it)
+        return None
+    exp = Experiment(cfg, reward)
+    if state is not None:
+        try:
+            exp.load_state_dict(state)
+        except (KeyError, ValueError, RuntimeError, TypeError) as e:
+            raise ResumeError(f"checkpoint={str(run_dir / CHECKPOINT)!r}: does not fit this "
+                              f"run's model ({type(e).__name__}: {_one_line(e)[:200]})") from None
+    return exp

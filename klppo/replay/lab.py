@@ -21,6 +21,7 @@ t = 0, and the beta needed grows by e^(drift/2) over the run, so a fixed beta dr
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from klppo.core.controllers import KLController, make_controller
+from klppo.runs.configfile import InputFileError, read_text
 
 __all__ = ["Plant", "load_trace", "parse_controller", "default_controllers", "open_loop",
            "closed_loop", "tracking_metrics", "LoopResult"]
@@ -41,56 +43,103 @@ def load_trace(path: str | Path, column: str | None = None) -> tuple[list[float]
     """``(steps, kl, target)`` from a run's ``metrics.jsonl`` (or its directory) or a CSV file.
 
     metrics.jsonl: ``column`` defaults to ``kl_observed`` (what the run's controller saw), else
-    ``kl_rollout``; steps are ``global_step``; the target is the run's ``kl_target`` if any.
-    CSV: ``column`` defaults to ``kl``; steps come from a ``step`` column, else the row index.
+    ``kl_rollout``, else ``kl``; steps are ``global_step``; the target is the run's
+    ``kl_target`` if any. Records without the column (or with null) are skipped; a torn last
+    line (a run killed mid-write) is ignored. CSV: ``column`` defaults to ``kl``; steps come
+    from a ``step`` column, else the row index. Anything else (a missing, empty or malformed
+    file, a missing column, a value that is not a finite number) raises ``ValueError`` naming
+    ``trace``, the file and the line.
     """
     p = Path(path)
     if p.is_dir():
         p = p / "metrics.jsonl"
-    if not p.exists():
-        raise FileNotFoundError(f"trace={str(path)!r}: no such file")
+        if not p.exists():
+            raise InputFileError(f"trace={str(path)!r}: a directory without metrics.jsonl")
+    text = read_text(p, "trace")
+    if not text.strip():
+        raise InputFileError(f"trace={str(p)!r}: empty file")
     if p.suffix == ".jsonl":
-        recs = []
-        for line in p.read_text().splitlines():
-            try:
-                recs.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        col = column or ("kl_observed" if any("kl_observed" in r for r in recs)
-                         else "kl_rollout")
-        rows = [r for r in recs if r.get(col) is not None]
-        if not rows:
-            raise ValueError(f"trace={str(path)!r}: no values in column {col!r}")
-        target = next((r["kl_target"] for r in rows if r.get("kl_target") is not None), None)
-        return [float(r["global_step"]) for r in rows], [float(r[col]) for r in rows], target
+        return _trace_jsonl(p, text, column)
+    return (*_trace_csv(p, text, column), None)
+
+
+def _number(p: Path, where: str, col: str, v: object) -> float:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if isinstance(v, str):
+        try:
+            v, ok = float(v), True
+        except ValueError:
+            ok = False
+    if not ok or not math.isfinite(float(v)):  # type: ignore[arg-type]
+        raise InputFileError(f"trace={str(p)!r}: {where}: {col}={v!r} is not a finite number")
+    return float(v)  # type: ignore[arg-type]
+
+
+def _trace_jsonl(p: Path, text: str, column: str | None):
+    lines = text.splitlines()
+    recs = []
+    for i, line in enumerate(lines, 1):
+        try:
+            r = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            if i == len(lines) and recs:
+                continue  # a torn last line: the run was killed mid-write
+            raise InputFileError(f"trace={str(p)!r}: line {i}: not JSON") from None
+        if r is not None and not isinstance(r, dict):
+            raise InputFileError(f"trace={str(p)!r}: line {i}: not a JSON object")
+        if r is not None:
+            recs.append((i, r))
+    col = column or next((c for c in ("kl_observed", "kl_rollout", "kl")
+                          if any(c in r for _, r in recs)), "kl_observed")
+    rows = [(i, r) for i, r in recs if r.get(col) is not None]
+    if not rows:
+        raise InputFileError(f"trace={str(p)!r}: no values in column {col!r}")
+    kl = [_number(p, f"line {i}", col, r[col]) for i, r in rows]
+    steps = [_number(p, f"line {i}", "global_step", r.get("global_step", r.get("iteration", i)))
+             for i, r in rows]
+    target = next((r["kl_target"] for _, r in rows if r.get("kl_target") is not None), None)
+    if target is not None:
+        target = _number(p, "kl_target", "kl_target", target)
+    return steps, kl, target
+
+
+def _trace_csv(p: Path, text: str, column: str | None) -> tuple[list[float], list[float]]:
     col = column or "kl"
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        rows = list(csv.DictReader(io.StringIO(text)))
+    except csv.Error as e:
+        raise InputFileError(f"trace={str(p)!r}: not CSV ({e})") from None
     if not rows or col not in rows[0]:
-        raise ValueError(f"trace={str(path)!r}: no column {col!r} (columns: "
-                         f"{list(rows[0]) if rows else []})")
-    steps = [float(r["step"]) if "step" in r else float(i) for i, r in enumerate(rows)]
-    return steps, [float(r[col]) for r in rows], None
+        raise InputFileError(f"trace={str(p)!r}: no column {col!r} (columns: "
+                             f"{list(rows[0]) if rows else []})")
+    kl = [_number(p, f"row {i + 2}", col, r[col]) for i, r in enumerate(rows)]
+    steps = [_number(p, f"row {i + 2}", "step", r["step"]) if "step" in r else float(i)
+             for i, r in enumerate(rows)]
+    return steps, kl
 
 
 def parse_controller(spec: str, target: float | None = None) -> tuple[str, KLController]:
     """``"step:preset=rllib"`` or ``"proportional:beta=1,horizon=20"`` -> (label, controller).
 
-    ``target`` is applied unless the spec sets its own.
+    ``target`` is applied unless the spec sets its own. A bad spec raises ``ValueError``
+    ``controller='spec': why``.
     """
     name, _, opts = spec.partition(":")
     options: dict[str, Any] = {}
     for item in filter(None, opts.split(",")):
         k, sep, v = item.partition("=")
-        if not sep:
-            raise ValueError(f"controller spec {spec!r}: expected key=value, got {item!r}")
+        if not sep or not k:
+            raise ValueError(f"controller={spec!r}: expected key=value, got {item!r}")
         try:
             options[k] = float(v)
         except ValueError:
             options[k] = v
     if target is not None and "target" not in options:
         options["target"] = target
-    return spec, make_controller(name, **options)
+    try:
+        return spec, make_controller(name, **options)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"controller={spec!r}: {e}") from None
 
 
 def default_controllers(target: float) -> list[str]:

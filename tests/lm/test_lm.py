@@ -88,16 +88,6 @@ def test_reward_interface_rejects_mismatched_lengths():
     assert distinct_n([[1, 2, 1, 2]], 2) == pytest.approx(2 / 3)
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny_lm")
-    tok = train_tokenizer("Emma was happy. Mr. Knightley was not. " * 200, vocab_size=300)
-    model = small_gpt2(len(tok), n_positions=160, n_embd=16, n_layer=1, n_head=2)
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
 def test_saved_model_loads_with_auto_classes(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -105,7 +95,7 @@ def test_saved_model_loads_with_auto_classes(tiny_model_dir):
     assert AutoTokenizer.from_pretrained(tiny_model_dir).eos_token == "<|endoftext|>"
     model, tok = load_lm(tiny_model_dir)
     assert tok.pad_token is not None
-    with pytest.raises(FileNotFoundError, match="klppo lm pretrain"):
+    with pytest.raises(ValueError, match="model=.*no such directory.*klppo lm pretrain"):
         load_lm(tiny_model_dir / "nope")
 
 

@@ -1,0 +1,77 @@
+"""What every ``klppo`` sub-command shares: one-line errors and flag parsing.
+
+Bad input prints one line ``klppo <command>: <field>=<value>: <why>`` on stderr and exits 2; a
+run that fails exits 1. No traceback reaches the user (status.json keeps the details).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+from typing import Any, NoReturn, TypeVar
+
+__all__ = ["BAD_INPUT", "FAILED", "OneLineParser", "FlagError", "parse_config_flags",
+           "one_line", "say_error"]
+
+T = TypeVar("T")
+
+#: exit status of bad input (before any work starts) and of a run that failed
+BAD_INPUT, FAILED = 2, 1
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (``prog: message``), without the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(BAD_INPUT)
+
+
+class FlagError(ValueError):
+    """A command-line flag tyro could not parse; the message is tyro's, on one line."""
+
+
+def one_line(err: BaseException | str) -> str:
+    """An error message on one line (continuation lines joined by ' ')."""
+    text = str(err) or type(err).__name__
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def say_error(command: str, err: BaseException | str) -> None:
+    print(f"klppo {command}: {one_line(err)}", file=sys.stderr)
+
+
+def _tyro_error(text: str) -> str:
+    """The gist of tyro's boxed error message, on one line (``title: message``)."""
+    keep = []
+    for line in text.splitlines():
+        line = line.strip(" │╭╮╰╯─━┃┏┓┗┛|").strip()
+        if line.startswith("Argument helptext"):
+            break
+        if line and not line.startswith(("For full helptext", "Parsing error", "Usage")):
+            keep.append(line)
+    if not keep:
+        return "invalid flags (see --help)"
+    title, body = keep[0], " ".join(keep[1:])
+    return (body if body.lower().startswith(title.lower()) or not body
+            else f"{title}: {body}")[:400] or title
+
+
+def parse_config_flags(cls: type[T], args: list[str], prog: str, default: T | None = None,
+                       description: str | None = None) -> T:
+    """tyro's flags for the dataclass ``cls`` over ``default``; :class:`FlagError` (one line)
+    when they do not parse. ``--help`` prints tyro's help and exits 0 as usual."""
+    import tyro
+
+    kw: dict[str, Any] = {"args": args, "prog": prog, "default": default,
+                          "description": description}
+    if any(a in ("-h", "--help") for a in args):
+        return tyro.cli(cls, **kw)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return tyro.cli(cls, **kw)
+    except SystemExit:
+        raise FlagError(_tyro_error(err.getvalue())) from None

@@ -1,0 +1,249 @@
+"""One RLHF experiment in memory: policy + value head, frozen reference, optimiser, controller and
+every random generator; :meth:`Experiment.iterate` runs one PPO iteration.
+
+One iteration: sample prompts (windows of training text) -> generate responses with a KV cache
+-> score (task reward; policy, value and reference log-probs in one full forward each) -> per-token
+KL(policy || reference) and rewards -> GAE -> PPO epochs (the core's clipped loss) -> controller
+update on the measured KL (in ``kl_unit``) -> metrics.
+
+:meth:`Experiment.state_dict` holds everything the next iteration depends on (weights, Adam
+state, controller, the sampling generator, the numpy prompt generator, torch's and Python's
+global generators, the iteration), so a run restored from it continues exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from klppo.core.advantages import gae
+from klppo.core.controllers import make_controller
+from klppo.core.kl import per_sequence_sum, per_token_mean, sampled_kl
+from klppo.core.loss import PPOLoss
+from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf
+from klppo.lm.model import PolicyWithValue, frozen_reference, load_lm
+from klppo.lm.pretrain import encode, perplexity
+from klppo.lm.reward import RewardFn, checked, make_reward
+from klppo.lm.sampling import generate, response_mask
+from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_rewards
+
+__all__ = ["Experiment", "TIMING_KEYS", "STATE_KEYS"]
+
+#: metrics that measure wall time; everything else is deterministic for a given config.
+TIMING_KEYS = frozenset({"tokens_per_second_generation", "tokens_per_second_scoring",
+                         "tokens_per_second_training"})
+#: what :meth:`Experiment.state_dict` holds
+STATE_KEYS = ("iteration", "policy", "opt", "ctrl", "gen", "rng", "torch_rng", "python_rng")
+
+
+_CORPUS_CACHE: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def corpus_ids(tok: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Train and held-out token ids of the corpus (read-only; the last two tokenizers' results
+    are cached, since the encoding takes seconds and a process may run several experiments)."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    key = hashlib.sha256(backend.to_str().encode()).hexdigest() if backend is not None else None
+    if key in _CORPUS_CACHE:
+        return _CORPUS_CACHE[key]
+    from klppo.lm.corpus import split_corpus
+
+    split = split_corpus()
+    train, held = encode(tok, split.train), encode(tok, split.held_out)
+    train.flags.writeable = held.flags.writeable = False
+    if key is not None:
+        while len(_CORPUS_CACHE) >= 2:
+            _CORPUS_CACHE.pop(next(iter(_CORPUS_CACHE)))
+        _CORPUS_CACHE[key] = (train, held)
+    return train, held
+
+
+def _check_lengths(cfg: RLHFConfig, lm: Any) -> None:
+    n = getattr(lm.config, "n_positions", None) or getattr(lm.config,
+                                                          "max_position_embeddings", None)
+    if n is None:
+        return
+    if cfg.prompt_len + cfg.response_len > n:
+        raise ConfigError(f"response_len={cfg.response_len!r}: prompt_len + response_len = "
+                          f"{cfg.prompt_len + cfg.response_len} exceeds the model's {n} "
+                          f"positions")
+    if cfg.eval_seq_len > n:
+        raise ConfigError(f"eval_seq_len={cfg.eval_seq_len!r}: exceeds the model's {n} positions")
+
+
+class Experiment:
+    """Everything one RLHF run holds in memory. Construction loads and checks all inputs (the
+    config, the model, the reward) and raises ``ConfigError`` naming the field on bad ones."""
+
+    def __init__(self, cfg: RLHFConfig, reward: RewardFn | None = None) -> None:
+        self.cfg = validate_rlhf(cfg)
+        torch.set_num_threads(cfg.torch_threads)
+        torch.manual_seed(cfg.seed)
+        lm, self.tok = load_lm(cfg.model)
+        _check_lengths(cfg, lm)
+        self.ref = frozen_reference(lm)
+        self.policy = PolicyWithValue(lm)
+        self.policy.train()
+        self.reward = reward or make_reward(cfg.reward)
+        self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr, eps=1e-5)
+        try:
+            self.ctrl = make_controller(cfg.controller, beta=cfg.beta, target=cfg.target,
+                                        beta_min=cfg.beta_min, beta_max=cfg.beta_max,
+                                        **({"horizon": cfg.effective_horizon}
+                                           if cfg.controller == "proportional" else {}))
+        except ValueError as e:
+            raise ConfigError(f"controller={cfg.controller!r}: {e}") from None
+        self.loss = PPOLoss("clip", eps=cfg.eps, vf_coef=cfg.vf_coef, value_clip=cfg.value_clip,
+                            normalize_advantage="none")
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.train_ids, self.held_ids = corpus_ids(self.tok)
+        if len(self.train_ids) <= cfg.prompt_len:
+            raise ConfigError(f"prompt_len={cfg.prompt_len!r}: longer than the training text")
+        self.eos = self.tok.eos_token_id
+        self.ppl_initial = perplexity(self.policy.lm, self.held_ids, cfg.eval_seq_len,
+                                      cfg.eval_windows)
+        self.iteration = 0
+        self.saved_iteration = 0  # the iteration of the last checkpoint written or loaded
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "policy": self.policy.state_dict(),
+                "opt": self.opt.state_dict(), "ctrl": self.ctrl.state_dict(),
+                "gen": self.gen.get_state(), "rng": self.rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                "ppl_initial": self.ppl_initial}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.policy.load_state_dict(s["policy"])
+        self.opt.load_state_dict(s["opt"])
+        self.ctrl.load_state_dict(s["ctrl"])
+        self.gen.set_state(s["gen"])
+        self.rng.bit_generator.state = s["rng"]
+        torch.set_rng_state(s["torch_rng"])
+        random.setstate(s["python_rng"])
+        self.ppl_initial = float(s.get("ppl_initial", self.ppl_initial))
+        self.iteration = self.saved_iteration = int(s["iteration"])
+
+    # ---------------------------------------------------------------- phases
+    def prompts(self) -> torch.Tensor:
+        c = self.cfg
+        starts = self.rng.integers(0, len(self.train_ids) - c.prompt_len, c.batch_size)
+        return torch.from_numpy(np.stack([self.train_ids[s:s + c.prompt_len] for s in starts]))
+
+    def iterate(self) -> dict[str, Any]:
+        """Run iteration ``self.iteration + 1``; return its metrics."""
+        c, it = self.cfg, self.iteration + 1
+        beta = self.ctrl.value
+        t0 = time.perf_counter()
+        prompts = self.prompts()                                            # 1. collect
+        self.policy.eval()
+        responses, _ = generate(self.policy.lm, prompts, c.response_len, self.gen,
+                                c.temperature)
+        t1 = time.perf_counter()
+        b = self.score(prompts, responses, beta)                            # 2. score, GAE
+        t2 = time.perf_counter()
+        stats = self.update(prompts, responses, b, beta)                    # 3. update
+        t3 = time.perf_counter()
+        unit = per_sequence_sum if c.kl_unit == "per_sequence_sum" else None
+        measured = (float(unit(b["kl"], b["mask"]).mean()) if unit
+                    else float(per_token_mean(b["kl"], b["mask"])))
+        self.ctrl.update(measured, n_steps=c.batch_size)                    # 4. controller
+        self.iteration = it
+        n_tok = int(b["mask"].sum())
+        m = {**self.metrics(it, beta, measured, b, responses),              # 5. log
+             "tokens_per_second_generation": n_tok / max(t1 - t0, 1e-9),
+             "tokens_per_second_scoring": n_tok / max(t2 - t1, 1e-9),
+             "tokens_per_second_training": n_tok * c.ppo_epochs / max(t3 - t2, 1e-9),
+             **stats}
+        if it % c.eval_every == 0 or it == 1 or it == c.iterations:
+            m["held_out_perplexity"] = perplexity(self.policy.lm, self.held_ids, c.eval_seq_len,
+                                                  c.eval_windows)
+            m["held_out_perplexity_initial"] = self.ppl_initial  # before any update
+            m["samples"] = [{"prompt": p, "response": r, "score": float(x)} for p, r, x
+                            in list(zip(b["texts_p"], b["texts_r"], b["score"].tolist()))[:4]]
+        return m
+
+    def score(self, prompts: torch.Tensor, responses: torch.Tensor,
+              beta: float) -> dict[str, Any]:
+        """Task score, per-token KL and rewards, GAE advantages (normalised) and returns."""
+        c = self.cfg
+        mask = response_mask(responses, self.eos, c.stop_at_eos)
+        s = score_sequences(self.policy, self.ref, prompts, responses)
+        texts_p, texts_r = self.tok.batch_decode(prompts), self.tok.batch_decode(responses)
+        score = torch.tensor(checked(self.reward, texts_p, texts_r), dtype=torch.float32)
+        kl = per_token_kl(c.kl_estimator, s["logp"], s["logp_ref"], mask, s["logits"],
+                          s["logits_ref"])
+        rewards = token_rewards(kl, score, mask, beta, c.kl_placement == "reward")
+        last = mask.long().sum(1) - 1
+        term = torch.zeros_like(mask)
+        term[torch.arange(len(last)), last] = True
+        values = torch.where(mask, s["values"], torch.zeros(()))
+        nxt = torch.cat([values[:, 1:], torch.zeros(len(values), 1)], 1)
+        adv, ret = gae(rewards.T.contiguous(), values.T.contiguous(), nxt.T.contiguous(),
+                       term.T.contiguous(), torch.zeros_like(term).T.contiguous(), c.gamma,
+                       c.lam)
+        adv, ret = adv.T, ret.T
+        valid = adv[mask]
+        adv = torch.where(mask, (adv - valid.mean()) / (valid.std() + 1e-8), torch.zeros(()))
+        return {"mask": mask, "s": s, "score": score, "kl": kl, "adv": adv, "ret": ret,
+                "texts_p": texts_p, "texts_r": texts_r}
+
+    def metrics(self, it: int, beta: float, measured: float, b: dict[str, Any],
+                responses: torch.Tensor) -> dict[str, Any]:
+        c, mask, kl, score, s = self.cfg, b["mask"], b["kl"], b["score"], b["s"]
+        k1 = per_token_kl("k1", s["logp"], s["logp_ref"], mask)
+        k3 = per_token_kl("k3", s["logp"], s["logp_ref"], mask)
+        info = self.ctrl.info
+        return {
+            "iteration": it, "global_step": it * c.batch_size, "episodes": it * c.batch_size,
+            "score": float(score.mean()), "kl": measured, "kl_unit": c.kl_unit,
+            "kl_estimator": c.kl_estimator,
+            "kl_k1_per_sequence_sum": float(per_sequence_sum(k1, mask).mean()),
+            "kl_k3_per_sequence_sum": float(per_sequence_sum(k3, mask).mean()),
+            "kl_k1_per_token_mean": float(per_token_mean(k1, mask)),
+            "kl_k3_per_token_mean": float(per_token_mean(k3, mask)),
+            "kl_target": c.target, "kl_abs_error": abs(measured - c.target),
+            "beta": beta, "beta_after": info.beta_after,
+            "kl_relative_error": info.relative_error,
+            "kl_error_clipped": float(info.error_clipped),
+            "score_minus_beta_kl": float((score - beta * per_sequence_sum(kl, mask)).mean()),
+            "distinct_2": distinct_n(responses.tolist(), 2),
+        }
+
+    def update(self, prompts: torch.Tensor, responses: torch.Tensor, b: dict[str, Any],
+               beta: float) -> dict[str, float]:
+        c, s, mask = self.cfg, b["s"], b["mask"]
+        self.policy.train()
+        logp_old, v_old, logp_ref = s["logp"].detach(), s["values"].detach(), s["logp_ref"]
+        sums: dict[str, float] = {}
+        n = 0
+        for _ in range(c.ppo_epochs):
+            perm = torch.randperm(c.batch_size, generator=self.gen)
+            for i in range(0, c.batch_size, c.minibatch_size):
+                idx = perm[i:i + c.minibatch_size]
+                cur = score_sequences(self.policy, None, prompts[idx], responses[idx], grad=True)
+                mk = mask[idx]
+                out = self.loss(cur["logp"][mk], logp_old[idx][mk], b["adv"][idx][mk],
+                                cur["values"][mk], b["ret"][idx][mk], v_old[idx][mk])
+                loss = out["loss"]
+                if c.kl_placement == "loss":  # GRPO: beta * k3(policy || reference) per token
+                    kl_loss = sampled_kl(cur["logp"][mk], logp_ref[idx][mk], "k3").mean()
+                    loss = loss + beta * kl_loss
+                    out["kl_loss_k3"] = kl_loss.detach()
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
+                self.opt.step()
+                for k in ("loss", "loss_objective", "loss_critic", "clip_fraction", "kl_k3",
+                          "frac_kill", "kl_loss_k3"):
+                    if k in out:
+                        sums[k] = sums.get(k, 0.0) + float(out[k].detach())
+                n += 1
+        renamed = {"kl_k3": "kl_old_new_k3"}
+        return {renamed.get(k, k): v / n for k, v in sums.items()}

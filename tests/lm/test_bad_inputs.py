@@ -1,0 +1,242 @@
+"""Bad input to `klppo rlhf`, `klppo lm pretrain` and `klppo rlhf compare`: one line on stderr
+naming the field (or flag, or file) and the value, exit status 2, no traceback, and nothing
+created, before any work starts."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from klppo.cli import main  # noqa: E402
+from tests.badinput import assert_one_line_error, run_main, tree  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _yaml(text: str | bytes):
+    """A case that writes ``text`` to cfg.yaml and passes it as --config."""
+    def make(tmp: Path, model: Path) -> list[str]:
+        data = text.encode() if isinstance(text, str) else text
+        (tmp / "cfg.yaml").write_bytes(data)
+        return ["--model", str(model), "--config", str(tmp / "cfg.yaml")]
+    return make
+
+
+def _flags(*flags: str):
+    return lambda tmp, model: ["--model", str(model), *flags]
+
+
+def _model(kind: str):
+    def make(tmp: Path, model: Path) -> list[str]:
+        d = tmp / "m"
+        if kind == "file":
+            d.write_text("not a model")
+        elif kind == "empty_dir":
+            d.mkdir()
+        elif kind == "bad_config":
+            d.mkdir()
+            (d / "config.json").write_text('{"model_type": "no-such-architecture"}')
+        return ["--model", str(d)]
+    return make
+
+
+def _out(kind: str):
+    def make(tmp: Path, model: Path) -> list[str]:
+        (tmp / "f").write_text("x")
+        if kind == "run":
+            (tmp / "old").mkdir()
+            (tmp / "old" / "metrics.jsonl").write_text('{"iteration": 1}\n')
+        target = {"file": tmp / "f", "under_file": tmp / "f" / "run", "run": tmp / "old"}[kind]
+        return ["--model", str(model), "--out", str(target)]
+    return make
+
+
+def _resume(kind: str):
+    def make(tmp: Path, model: Path) -> list[str]:
+        d = tmp / "r"
+        if kind != "missing":
+            d.mkdir()
+        if kind == "train_run":
+            (d / "config.yaml").write_text("env: CartPole-v1\n")
+        if kind == "extra":
+            (d / "config.yaml").write_text("kind: rlhf\n")
+            return ["--resume", str(d), "--lr", "0.1"]
+        return ["--resume", str(d)]
+    return make
+
+
+RLHF_CASES = {
+    # --config FILE.yaml
+    "yaml_lr_string": (_yaml('lr: "fast"\n'), ["lr='fast'", "must be a number", "cfg.yaml"]),
+    "yaml_top_level_list": (_yaml("- lr\n- 0.1\n"), ["config=", "must be a mapping", "list"]),
+    "yaml_malformed": (_yaml("lr: [1, 2\n"), ["config=", "not valid YAML", "line"]),
+    "yaml_not_utf8": (_yaml(b"lr: 0.1\n# caf\xe9\n"), ["config=", "not UTF-8", "0xe9"]),
+    "yaml_missing_file": (lambda tmp, m: ["--config", str(tmp / "nope.yaml")],
+                          ["config=", "nope.yaml", "no such file"]),
+    "yaml_is_directory": (lambda tmp, m: ["--config", str(tmp)], ["config=", "is a directory"]),
+    "yaml_unknown_key": (_yaml("lrr: 0.1\n"), ["lrr=0.1", "unknown field", "did you mean lr"]),
+    "yaml_bool_sentence": (_yaml("stop_at_eos: yes please\n"),
+                           ["stop_at_eos='yes please'", "true or false"]),
+    "yaml_int_as_bool": (_yaml("iterations: true\n"), ["iterations=True", "an integer"]),
+    "yaml_literal": (_yaml("kl_estimator: k9\n"), ["kl_estimator='k9'", "one of 'k1'"]),
+    "yaml_optional": (_yaml("horizon: soon\n"), ["horizon='soon'", "a number or null"]),
+    "yaml_zero_iterations": (_yaml("iterations: 0\n"), ["iterations=0", ">= 1"]),
+    "yaml_nan_lr": (_yaml("lr: .nan\n"), ["lr=nan", "finite"]),
+    "yaml_minibatch": (_yaml("minibatch_size: 5\n"), ["minibatch_size=5", "must divide"]),
+    "yaml_model_int": (_yaml("model: 3\n"), ["model=3", "a string"]),
+    # flags
+    "flag_lr_string": (_flags("--lr", "fast"), ["--lr", "'fast'"]),
+    "flag_negative_iterations": (_flags("--iterations", "-1"), ["iterations=-1", ">= 1"]),
+    "flag_negative_beta": (_flags("--beta", "-0.5"), ["beta=-0.5", ">= 0"]),
+    "flag_inf_temperature": (_flags("--temperature", "inf"), ["temperature=inf", "finite"]),
+    "flag_literal": (_flags("--kl-estimator", "k9"), ["k9", "--kl-estimator"]),
+    "flag_unknown": (_flags("--bogus", "1"), ["--bogus"]),
+    "flag_negative_seed": (_flags("--seed", "-1"), ["seed=-1"]),
+    "flag_reward_name": (_flags("--reward", "imdb"), ["reward='imdb'"]),
+    "flag_reward_label": (_flags("--reward", "classifier:x:pos"), ["reward='classifier:x:pos'"]),
+    "flag_reward_path": (lambda tmp, m: ["--model", str(m), "--reward",
+                                         f"classifier:{tmp}/none"], ["reward=", "no config.json"]),
+    "flag_gamma": (_flags("--gamma", "1.5"), ["gamma=1.5", "[0, 1]"]),
+    "flag_beta_above_max": (_flags("--beta-max", "0.05"), ["beta=0.1", "beta_max"]),
+    "flag_horizon_zero": (_flags("--horizon", "0"), ["horizon=0.0", "> 0"]),
+    "flag_too_long_for_model": (_flags("--response-len", "200"), ["response_len=200", "160"]),
+    # --model
+    "model_missing": (lambda tmp, m: ["--model", str(tmp / "nope")],
+                      ["model=", "nope", "no such directory"]),
+    "model_is_file": (_model("file"), ["model=", "is a file"]),
+    "model_no_config": (_model("empty_dir"), ["model=", "no config.json"]),
+    "model_bad_config": (_model("bad_config"), ["model=", "config.json cannot be read"]),
+    # --out
+    "out_is_file": (_out("file"), ["out=", "not a directory"]),
+    "out_under_file": (_out("under_file"), ["out=", "is a file"]),
+    "out_holds_run": (_out("run"), ["out=", "already holds a run", "--resume"]),
+    # --resume
+    "resume_missing": (_resume("missing"), ["resume=", "no such directory"]),
+    "resume_not_run": (_resume("empty"), ["resume=", "no config.yaml"]),
+    "resume_other_kind": (_resume("train_run"), ["config=", "kind=None", "klppo train"]),
+    "resume_with_flags": (_resume("extra"), ["resume=", "takes no other flags", "--lr"]),
+}
+
+
+@pytest.mark.parametrize("case", list(RLHF_CASES))
+def test_rlhf_bad_input(case, tiny_model_dir, tmp_path, capsys):
+    make, needles = RLHF_CASES[case]
+    argv = make(tmp_path, tiny_model_dir)
+    if "--out" not in argv and "--resume" not in argv:
+        argv += ["--out", str(tmp_path / "run")]
+    before = tree(tmp_path)
+    rc = run_main(["rlhf", *argv])
+    assert_one_line_error(rc, capsys.readouterr().err, 2, "rlhf", needles)
+    assert tree(tmp_path) == before, "a refused run must create nothing"
+
+
+PRETRAIN_CASES = {
+    "steps_negative": (["--steps", "-5"], ["steps=-5", ">= 1"]),
+    "steps_zero": (["--steps", "0"], ["steps=0"]),
+    "steps_not_int": (["--steps", "many"], ["--steps", "'many'"]),
+    "batch_size_zero": (["--batch-size", "0"], ["batch_size=0"]),
+    "seq_len_negative": (["--seq-len", "-1"], ["seq_len=-1"]),
+    "lr_zero": (["--lr", "0"], ["lr=0.0", "> 0"]),
+    "lr_negative": (["--lr", "-1e-3"], ["lr=-0.001"]),
+    "lr_nan": (["--lr", "nan"], ["lr=nan", "finite"]),
+    "lr_inf": (["--lr", "inf"], ["lr=inf", "finite"]),
+    "vocab_too_small": (["--vocab-size", "100"], ["vocab_size=100", ">= 257"]),
+    "seed_negative": (["--seed", "-1"], ["seed=-1"]),
+    "threads_zero": (["--torch-threads", "0"], ["torch_threads=0"]),
+    "unknown_flag": (["--epochs", "3"], ["--epochs"]),
+    "out_is_file": (["--out", "{tmp}/f"], ["out=", "not a directory"]),
+    "out_under_file": (["--out", "{tmp}/f/model"], ["out=", "is a file"]),
+}
+
+
+@pytest.mark.parametrize("case", list(PRETRAIN_CASES))
+def test_pretrain_bad_input(case, tmp_path, capsys):
+    flags, needles = PRETRAIN_CASES[case]
+    (tmp_path / "f").write_text("x")
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    if "--out" not in flags:
+        flags += ["--out", str(tmp_path / "model")]
+    before = tree(tmp_path)
+    rc = run_main(["lm", "pretrain", *flags])
+    assert_one_line_error(rc, capsys.readouterr().err, 2, "lm pretrain", needles)
+    assert tree(tmp_path) == before
+
+
+def test_pretrain_read_only_out(tmp_path, capsys, monkeypatch):
+    """A read-only parent (simulated: tests often run as root, who may write anywhere)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == ro
+                        else real_access(p, mode))
+    rc = main(["lm", "pretrain", "--out", str(ro / "model")])
+    assert_one_line_error(rc, capsys.readouterr().err, 2, "lm pretrain",
+                          ["out=", "not writable"])
+    assert list(ro.iterdir()) == []
+
+
+def test_lm_without_subcommand_is_one_line(capsys):
+    assert main(["lm"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "klppo lm pretrain" in err
+
+
+COMPARE_CASES = {
+    "iterations_zero": (["--iterations", "0"], ["iterations=0"]),
+    "iterations_not_int": (["--iterations", "many"], ["--iterations", "'many'"]),
+    "strong_beta_negative": (["--strong-beta", "-1"], ["--strong-beta=-1.0", ">= 0"]),
+    "weak_beta_nan": (["--weak-beta", "nan"], ["--weak-beta=nan", "finite"]),
+    "strong_beta_overflow": (["--strong-beta", "1e400"], ["--strong-beta=inf"]),
+    "adaptive_unknown": (["--adaptive", "magic"], ["--adaptive='magic'", "one of"]),
+    "target_zero": (["--target", "0"], ["target=0.0", "> 0"]),
+    "workers_zero": (["--workers", "0"], ["--workers=0"]),
+    "seeds_repeated": (["--seeds", "0", "0"], ["--seeds=[0, 0]", "distinct"]),
+    "seed_negative": (["--seeds", "-1"], ["seed=-1"]),
+    "set_wrong_type": (["--set", "lr=fast"], ["lr='fast'", "a number"]),
+    "set_unknown_field": (["--set", "bogus=1"], ["bogus=1", "unknown field"]),
+    "set_without_value": (["--set", "lr"], ["--set='lr'", "FIELD=VALUE"]),
+    "set_owned_field": (["--set", "seed=3"], ["--set='seed=3'", "--seeds"]),
+    "set_malformed_yaml": (["--set", "lr=[1"], ["--set='lr=[1'", "not valid YAML"]),
+    "set_literal": (["--set", "kl_placement=both"], ["kl_placement='both'"]),
+    "model_missing": (["--model", "{tmp}/nope"], ["model=", "no such directory"]),
+    "model_not_a_model": (["--model", "{tmp}"], ["model=", "no config.json"]),
+    "out_is_file": (["--out", "{tmp}/f"], ["out=", "not a directory"]),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPARE_CASES))
+def test_compare_bad_input(case, tiny_model_dir, tmp_path, capsys):
+    flags, needles = COMPARE_CASES[case]
+    (tmp_path / "f").write_text("x")
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    if "--model" not in flags:
+        flags += ["--model", str(tiny_model_dir)]
+    if "--out" not in flags:
+        flags += ["--out", str(tmp_path / "cmp")]
+    before = tree(tmp_path)
+    rc = run_main(["rlhf", "compare", *flags])
+    assert_one_line_error(rc, capsys.readouterr().err, 2, "rlhf compare", needles)
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv, command, needles", [
+    (["rlhf", "--lr", "fast"], "rlhf", ["--lr", "'fast'"]),
+    (["rlhf", "--config", "{tmp}/c.yaml"], "rlhf", ["lr='fast'"]),
+    (["rlhf", "--model", "{tmp}/nope"], "rlhf", ["model=", "no such directory"]),
+    (["lm", "pretrain", "--steps", "-5"], "lm pretrain", ["steps=-5"]),
+    (["rlhf", "compare", "--workers", "0"], "rlhf compare", ["--workers=0"]),
+])
+def test_real_subprocess_bad_input(argv, command, needles, tmp_path):
+    (tmp_path / "c.yaml").write_text('lr: "fast"\n')
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    out = ["--out", str(tmp_path / "o")]
+    proc = subprocess.run([sys.executable, "-m", "klppo", *argv, *out], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert_one_line_error(proc.returncode, proc.stderr, 2, command, needles)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "runs").exists()

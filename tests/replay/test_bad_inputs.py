@@ -1,0 +1,118 @@
+"""Bad input to `klppo replay`: one line on stderr naming the flag or file and the value, exit
+status 2, no traceback, and no output directory created."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.badinput import assert_one_line_error, run_main, tree
+
+ROOT = Path(__file__).resolve().parents[2]
+
+JSONL_OK = "".join(json.dumps({"global_step": 10 * i, "kl_observed": 0.01 * i}) + "\n"
+                   for i in range(1, 4))
+
+
+def _file(name: str, data: str | bytes):
+    """A trace file written before the call (its path replaces ``{trace}``)."""
+    return name, data
+
+
+CL = ["--closed-loop"]
+T = ["{trace}"]
+
+CASES = {
+    # closed-loop flags
+    "steps_zero": (CL + ["--steps", "0"], None, ["--steps=0", ">= 1"]),
+    "steps_negative": (CL + ["--steps", "-3"], None, ["--steps=-3"]),
+    "steps_not_int": (CL + ["--steps", "abc"], None, ["--steps", "'abc'"]),
+    "noise_negative": (CL + ["--noise", "-1"], None, ["--noise=-1.0", ">= 0"]),
+    "noise_nan": (CL + ["--noise", "nan"], None, ["--noise=nan"]),
+    "drift_inf": (CL + ["--drift", "inf"], None, ["--drift=inf", "finite"]),
+    "seed_negative": (CL + ["--seed", "-1"], None, ["--seed=-1"]),
+    "target_zero": (CL + ["--target", "0"], None, ["--target=0.0", "> 0"]),
+    "target_negative": (CL + ["--target", "-0.02"], None, ["--target=-0.02"]),
+    "target_nan": (CL + ["--target", "nan"], None, ["--target=nan"]),
+    # controllers
+    "controller_unknown": (CL + ["--controller", "foo"], None, ["controller='foo'", "one of"]),
+    "controller_bad_beta": (CL + ["--controller", "proportional:beta=-1"], None,
+                            ["controller='proportional:beta=-1'", "beta"]),
+    "controller_bad_preset": (CL + ["--controller", "step:preset=nope"], None,
+                              ["controller='step:preset=nope'", "preset"]),
+    "controller_no_equals": (CL + ["--controller", "fixed:beta"], None,
+                             ["controller='fixed:beta'", "key=value"]),
+    "controller_not_number": (CL + ["--controller", "pid:kp=x"], None, ["controller='pid:kp=x'"]),
+    "controller_unknown_option": (CL + ["--controller", "fixed:bogus=1"], None,
+                                  ["controller='fixed:bogus=1'", "bogus"]),
+    "controller_twice": (CL + ["--controller", "fixed:beta=1", "fixed:beta=1"], None,
+                         ["--controller='fixed:beta=1'", "twice"]),
+    # trace vs closed loop
+    "neither": ([], None, ["trace=None", "--closed-loop"]),
+    "both": (CL + T, _file("t.csv", "kl\n0.1\n"), ["trace=", "not used with --closed-loop"]),
+    # trace files
+    "trace_missing": (["{tmp}/nope.csv"], None, ["trace=", "nope.csv", "no such file"]),
+    "trace_empty": (T, _file("t.csv", ""), ["trace=", "empty file"]),
+    "trace_blank": (T, _file("t.jsonl", "\n  \n"), ["trace=", "empty file"]),
+    "trace_not_utf8": (T, _file("t.csv", b"kl\n0.1\xff\n"), ["trace=", "not UTF-8", "0xff"]),
+    "trace_dir_without_metrics": (["{tmp}"], None, ["trace=", "without metrics.jsonl"]),
+    "jsonl_bad_middle_line": (T, _file("t.jsonl", '{"kl": 1}\nnot json\n{"kl": 2}\n'),
+                              ["trace=", "line 2", "not JSON"]),
+    "jsonl_not_objects": (T, _file("t.jsonl", "[1, 2]\n"), ["trace=", "line 1", "JSON object"]),
+    "jsonl_no_column": (T, _file("t.jsonl", '{"loss": 1}\n'), ["trace=", "no values in column"]),
+    "jsonl_column_missing": (T + ["--column", "kl_x"], _file("t.jsonl", JSONL_OK),
+                             ["trace=", "'kl_x'"]),
+    "jsonl_value_not_number": (T, _file("t.jsonl", '{"kl_observed": "high"}\n'),
+                               ["trace=", "line 1", "kl_observed='high'"]),
+    "jsonl_bad_target": (T, _file("t.jsonl", '{"kl_observed": 0.1, "kl_target": -1}\n'),
+                         ["trace=", "kl_target=-1"]),
+    "csv_no_column": (T, _file("t.csv", "step,loss\n0,1\n"), ["trace=", "no column 'kl'"]),
+    "csv_not_number": (T, _file("t.csv", "kl\n0.1\nhigh\n"), ["trace=", "row 3", "kl='high'"]),
+    "csv_nan": (T, _file("t.csv", "kl\nnan\n"), ["trace=", "row 2", "not a finite number"]),
+    "csv_bad_step": (T, _file("t.csv", "step,kl\nfirst,0.1\n"), ["trace=", "step='first'"]),
+    "csv_short_row": (T, _file("t.csv", "step,kl\n0\n"), ["trace=", "kl=None"]),
+    "column_blank": (T + ["--column", " "], _file("t.csv", "kl\n0.1\n"), ["--column=' '"]),
+    # output
+    "out_is_file": (CL + ["--out", "{tmp}/f"], None, ["out=", "not a directory"]),
+    "out_under_file": (CL + ["--out", "{tmp}/f/o"], None, ["out=", "is a file"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_replay_bad_input(case, tmp_path, capsys):
+    flags, trace, needles = CASES[case]
+    (tmp_path / "f").write_text("x")
+    path = ""
+    if trace is not None:
+        name, data = trace
+        path = str(tmp_path / name)
+        Path(path).write_bytes(data.encode() if isinstance(data, str) else data)
+    argv = [a.format(trace=path, tmp=tmp_path) for a in flags]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "o")]
+    before = tree(tmp_path)
+    rc = run_main(["replay", *argv])
+    assert_one_line_error(rc, capsys.readouterr().err, 2, "replay", needles)
+    assert tree(tmp_path) == before, "a refused replay must create nothing"
+
+
+def test_a_torn_last_line_is_still_read(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text(JSONL_OK + '{"global_step": 40, "kl_obs')
+    assert run_main(["replay", str(tmp_path), "--out", str(tmp_path / "o")]) == 0
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["replay", "--closed-loop", "--steps", "0"], ["--steps=0"]),
+    (["replay", "{tmp}/nope.jsonl"], ["trace=", "no such file"]),
+])
+def test_real_subprocess_bad_input(argv, needles, tmp_path):
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    proc = subprocess.run([sys.executable, "-m", "klppo", *argv, "--out", str(tmp_path / "o")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert_one_line_error(proc.returncode, proc.stderr, 2, "replay", needles)
+    assert list(tmp_path.iterdir()) == []
