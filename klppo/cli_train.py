@@ -52,7 +52,7 @@ def _load_base(known: argparse.Namespace):
     base = C.preset(known.preset) if known.preset else C.TrainConfig()
     if known.config:
         path = Path(known.config)
-        data = R.read_yaml(path)
+        data = R.read_yaml(path, "config")
         base = C.from_dict({} if data is None else data, base, source=str(path))  # empty: none
     return base
 
@@ -64,8 +64,9 @@ def _errors() -> tuple[type[BaseException], ...]:
     from klppo.rl.envs import EnvError
     from klppo.rl.trainer import ResumeError, TrainingError
     from klppo.runs import rundir as R
+    from klppo.runs.configfile import InputError
 
-    return (C.ConfigError, R.FileFormatError, R.DirBusyError, CheckpointError, EnvError,
+    return (C.ConfigError, InputError, R.DirBusyError, CheckpointError, EnvError,
             ResumeError, TrainingError, ImportError, OSError, ValueError)
 
 

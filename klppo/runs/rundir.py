@@ -28,7 +28,9 @@ from typing import Any
 
 import yaml
 
-__all__ = ["DirBusyError", "DirLock", "FileFormatError", "default_run_name", "create_run_dir",
+from klppo.runs.configfile import InputError, InputFileError, parse_yaml, read_text
+
+__all__ = ["DirBusyError", "DirLock", "default_run_name", "create_run_dir",
            "check_writable", "remove_stale_temp_files", "write_metadata", "write_yaml", "read_yaml",
            "write_json_atomic", "write_status", "read_status", "atomic_write_bytes"]
 
@@ -168,31 +170,14 @@ def remove_stale_temp_files(run_dir: Path) -> list[str]:
     return gone
 
 
-class FileFormatError(ValueError):
-    """A file klppo reads is missing, unreadable or malformed; the message names it."""
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; any problem is a one-line :class:`FileFormatError` naming the file."""
-    p = Path(path)
+def read_yaml(path: str | Path, what: str = "file") -> Any:
+    """Parse a YAML file (YAML 1.2 numbers); any problem is a one-line
+    :class:`~klppo.runs.configfile.InputFileError` naming ``what`` and the file."""
+    name = f"{what}={str(path)!r}"
     try:
-        text = p.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise FileFormatError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise FileFormatError(f"{p}: is a directory, not a YAML file") from None
-    except UnicodeDecodeError as e:
-        raise FileFormatError(f"{p}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
-                              f"{e.start})") from None
-    except OSError as e:
-        raise FileFormatError(f"{p}: cannot be read ({e.strerror})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise FileFormatError(f"{p}: not valid YAML{where}: {problem}") from None
+        return parse_yaml(read_text(path, what), name)
+    except InputError as e:
+        raise InputFileError(str(e)) from None
 
 
 def _git_commit() -> str | None:

@@ -114,7 +114,7 @@ def _paths(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     (bad_cfg / "config.yaml").write_text("ppo:\n  lr: fast\n")
     return {
         "config_missing": (["train", *GOOD, "--config", str(tmp_path / "nope.yaml")],
-                           "nope.yaml: no such file"),
+                           "nope.yaml': no such file"),
         "config_is_directory": (["train", *GOOD, "--config", str(empty_dir)], "is a directory"),
         "out_is_a_file": (["train", *GOOD, "--out", str(f)], "not a directory"),
         "out_under_a_file": (["train", *GOOD, "--out", str(f / "run")], "not a directory"),
