@@ -86,9 +86,11 @@ def spec_from_args(args: argparse.Namespace):
     return spec.check()
 
 
-def check_workers(workers: int | None) -> None:
+def check_run_flags(workers: int | None, out: str) -> None:
     if workers is not None and workers < 1:
         raise FlagError(f"--workers={workers}: must be >= 1 (parallel runs)")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise FlagError(f"--out={out!r}: exists and is not a directory")
 
 
 def _progress(total: int):
@@ -148,7 +150,7 @@ def _guarded(command: str, body: Callable[[], int]) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     def body() -> int:
         spec = spec_from_args(args)
-        check_workers(args.workers)
+        check_run_flags(args.workers, args.out)
         return _run_sweep(spec, args.out, args.backend, args.workers)
     return _guarded("sweep", body)
 
@@ -194,7 +196,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     def body() -> int:
         spec = dataclasses.replace(DEMO_SPEC, seeds=list(args.seeds)).check()
-        check_workers(args.workers)
+        check_run_flags(args.workers, args.out)
         print("klppo demo: the KLip-PPO four-way comparison on CartPole-v1 (klip/cartpole, "
               f"100k steps, seeds {spec.seeds}): clip, per_sample_kl, fixed-beta and "
               "adaptive-beta kl_penalty", flush=True)

@@ -203,7 +203,7 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
                                     if k != "env")  # the env already leads the run name
             overrides = _merge(cover, _dotted("grid", dict(zip(keys, point))))
             for seed in spec.seeds:
-                cfg = _overlay(f"run {label}, seed {seed}", {**overrides, "seed": seed},
+                cfg = _overlay(f"condition {label}, seed {seed}", {**overrides, "seed": seed},
                                base_cfg, check=True)
                 name = _safe(f"{cfg.env}__{label}__{seed}")
                 out.append(RunPlan(name, label, seed, overrides, cfg))
