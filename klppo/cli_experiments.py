@@ -16,8 +16,17 @@ class FlagError(ValueError):
     """A malformed command-line value; the message starts with ``--flag=value:``."""
 
 
+SWEEP_EPILOG = (
+    "Ctrl-C or SIGTERM: no new runs; running runs finish their iteration, checkpoint and are "
+    "recorded as interrupted (a second Ctrl-C kills them; they resume from their last "
+    "checkpoint). Run the same command again to resume. Exit codes: 0 all runs finished, "
+    "1 a run failed or is unfinished, 2 bad input or the directory is in use by another sweep, "
+    "130 / 143 stopped by SIGINT / SIGTERM.")
+
+
 def add_parsers(sub) -> None:
-    p = sub.add_parser("sweep", help="run a grid of conditions x seeds (local pool or Ray)")
+    p = sub.add_parser("sweep", help="run a grid of conditions x seeds (local pool or Ray)",
+                       epilog=SWEEP_EPILOG)
     p.add_argument("--spec", help="sweep spec YAML (preset, base, conditions, grid, seeds)")
     p.add_argument("--out", required=True, help="sweep directory (re-running it resumes)")
     p.add_argument("--preset", help="base preset (with flags instead of --spec)")
