@@ -198,7 +198,7 @@ def run_sweep(
             e = by_name[name]
             e.state, e.error, e.wall_s = res["state"], res.get("error"), res.get("wall_s")
             _write_index(sweep_dir, entries)
-            if on_done is not None and e.state != "running":
+            if on_done is not None and e.state not in ("running", "pending"):
                 on_done(e)
 
         todo = {e.name: str(sweep_dir / "runs" / e.name) for e in entries
