@@ -5,14 +5,28 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 
+class FlagError(ValueError):
+    """A malformed command-line value; the message starts with ``--flag=value:``."""
+
+
+SWEEP_EPILOG = (
+    "Ctrl-C or SIGTERM: no new runs; running runs finish their iteration, checkpoint and are "
+    "recorded as interrupted (a second Ctrl-C kills them; they resume from their last "
+    "checkpoint). Run the same command again to resume. Exit codes: 0 all runs finished, "
+    "1 a run failed or is unfinished, 2 bad input or the directory is in use by another sweep, "
+    "130 / 143 stopped by SIGINT / SIGTERM.")
+
+
 def add_parsers(sub) -> None:
-    p = sub.add_parser("sweep", help="run a grid of conditions x seeds (local pool or Ray)")
+    p = sub.add_parser("sweep", help="run a grid of conditions x seeds (local pool or Ray)",
+                       epilog=SWEEP_EPILOG)
     p.add_argument("--spec", help="sweep spec YAML (preset, base, conditions, grid, seeds)")
     p.add_argument("--out", required=True, help="sweep directory (re-running it resumes)")
     p.add_argument("--preset", help="base preset (with flags instead of --spec)")
@@ -37,32 +51,55 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def _value(text: str) -> Any:
-    return yaml.safe_load(text)
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def _value(flag: str, item: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise FlagError(f"{flag}={item!r}: {text!r} is not a YAML value ({_one_line(e)})") \
+            from None
+
+
+def _key_value(flag: str, item: str, form: str) -> tuple[str, str]:
+    key, sep, val = item.partition("=")
+    if not sep or not key.strip() or not val.strip():
+        raise FlagError(f"{flag}={item!r}: expected {form}")
+    return key.strip(), val
 
 
 def spec_from_args(args: argparse.Namespace):
-    from klppo.runs.sweep import SweepSpec
+    """The sweep spec the flags ask for (raises ConfigError naming the flag or file)."""
+    from klppo.runs.sweep import SweepSpec, load_spec
 
     if args.spec:
-        spec = SweepSpec.from_dict(yaml.safe_load(Path(args.spec).read_text()) or {})
+        spec = load_spec(args.spec)
     else:
         spec = SweepSpec(preset=args.preset or "klip/cartpole")
         if args.objectives:
             spec.conditions = {o: {"objective": o} for o in args.objectives}
-    if args.seeds:
+    if args.seeds is not None:
         spec.seeds = list(args.seeds)
+    spec.base = dict(spec.base or {})
     for item in args.set:
-        key, sep, val = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
-        spec.base[key] = _value(val)
+        key, val = _key_value("--set", item, "FIELD=VALUE")
+        spec.base[key] = _value("--set", item, val)
+    spec.grid = dict(spec.grid or {})
     for item in args.grid:
-        key, sep, vals = item.partition("=")
-        if not sep:
-            raise ValueError(f"--grid {item!r}: expected FIELD=V1,V2")
-        spec.grid[key] = [_value(v) for v in vals.split(",")]
-    return spec
+        key, vals = _key_value("--grid", item, "FIELD=V1,V2")
+        if any(not v.strip() for v in vals.split(",")):
+            raise FlagError(f"--grid={item!r}: expected FIELD=V1,V2 (an empty value)")
+        spec.grid[key] = [_value("--grid", item, v) for v in vals.split(",")]
+    return spec.check()
+
+
+def check_run_flags(workers: int | None, out: str) -> None:
+    if workers is not None and workers < 1:
+        raise FlagError(f"--workers={workers}: must be >= 1 (parallel runs)")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise FlagError(f"--out={out!r}: exists and is not a directory")
 
 
 def _progress(total: int):
@@ -77,36 +114,75 @@ def _progress(total: int):
     return on_done
 
 
+def _summary(res, out: str) -> int:
+    """Print what happened; the exit code: 128 + signal if stopped, 1 if any run is not
+    finished, else 0."""
+    import signal
+
+    print(f"sweep: {len(res.finished)} finished, {len(res.interrupted)} interrupted, "
+          f"{len(res.failed)} failed, {len(res.not_started)} not started", flush=True)
+    for e in res.interrupted:
+        print(f"  INTERRUPTED {e.name}  (resumes from its last checkpoint)")
+    for e in res.failed:
+        print(f"  FAILED {e.name}: {e.error}  (see {out}/runs/{e.name}/status.json)")
+    if res.stop_signal is not None:
+        print(f"sweep: stopped by {signal.Signals(res.stop_signal).name}; run the same "
+              f"command again to resume", flush=True)
+        return 128 + res.stop_signal
+    return 1 if res.unfinished else 0
+
+
 def _run_sweep(spec, out: str, backend: str, workers: int | None) -> int:
     from klppo.runs.sweep import expand, run_sweep
 
     n = len(expand(spec))
     print(f"sweep: {n} runs into {out} (backend {backend})", flush=True)
     res = run_sweep(spec, out, backend=backend, workers=workers, on_done=_progress(n))
-    failed = res.failed
-    print(f"sweep: {len(res.entries) - len(failed)} finished, {len(failed)} failed")
-    for e in failed:
-        print(f"  FAILED {e.name}: {e.error}  (see {out}/runs/{e.name}/status.json)")
-    return 1 if failed else 0
+    return _summary(res, out)
+
+
+def _guarded(command: str, body: Callable[[], int]) -> int:
+    """Run ``body``; bad input and a busy directory are one line on stderr and exit code 2."""
+    from klppo.rl.config import ConfigError
+    from klppo.runs.rundir import DirBusyError
+
+    try:
+        return body()
+    except (FlagError, ConfigError, DirBusyError, OSError) as e:
+        print(f"klppo {command}: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before the sweep took over the signal
+        print(f"klppo {command}: interrupted", file=sys.stderr)
+        return 130
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from klppo.rl.config import ConfigError
-
-    try:
+    def body() -> int:
         spec = spec_from_args(args)
+        check_run_flags(args.workers, args.out)
         return _run_sweep(spec, args.out, args.backend, args.workers)
-    except (ConfigError, ValueError, OSError) as e:
-        print(f"klppo sweep: {e}", file=sys.stderr)
-        return 2
+    return _guarded("sweep", body)
+
+
+def _check_report_args(paths: list[str], out: str) -> None:
+    for p in paths:
+        if not Path(p).exists():
+            raise FlagError(f"{p}: does not exist")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise FlagError(f"--out={out!r}: exists and is not a directory")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from klppo.report import format_table, make_report
 
-    rep = make_report(args.paths, args.out)
+    try:
+        _check_report_args(args.paths, args.out)
+        rep = make_report(args.paths, args.out)
+    except (FlagError, OSError) as e:
+        print(f"klppo report: {_one_line(e)}", file=sys.stderr)
+        return 2
     for path, why in rep.skipped:
-        print(f"skipped {path}: {why}")
+        print(f"skipped {path}: {_one_line(why)}")
     for note in rep.notes:
         print(f"note: {note}")
     if not rep.summaries:
@@ -123,21 +199,33 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from klppo.report import format_table, make_report
     from klppo.runs.sweep import DEMO_SPEC
 
     t0 = time.perf_counter()
-    spec = dataclasses.replace(DEMO_SPEC, seeds=list(args.seeds))
-    print("klppo demo: the KLip-PPO four-way comparison on CartPole-v1 (klip/cartpole, "
-          f"100k steps, seeds {spec.seeds}): clip, per_sample_kl, fixed-beta and adaptive-beta "
-          "kl_penalty", flush=True)
-    code = _run_sweep(spec, args.out, "local", args.workers)
-    rep = make_report([args.out], Path(args.out) / "report")
+
+    def body() -> int:
+        spec = dataclasses.replace(DEMO_SPEC, seeds=list(args.seeds)).check()
+        check_run_flags(args.workers, args.out)
+        print("klppo demo: the KLip-PPO four-way comparison on CartPole-v1 (klip/cartpole, "
+              f"100k steps, seeds {spec.seeds}): clip, per_sample_kl, fixed-beta and "
+              "adaptive-beta kl_penalty", flush=True)
+        return _run_sweep(spec, args.out, "local", args.workers)
+
+    code = _guarded("demo", body)
+    if code in (2, 130) or code > 128:  # bad input, or stopped: no report
+        return code
+    _demo_report(args.out)
+    print(f"demo finished in {time.perf_counter() - t0:.0f}s")
+    return code
+
+
+def _demo_report(out: str) -> None:
+    from klppo.report import format_table, make_report
+
+    rep = make_report([out], Path(out) / "report")
     print()
     print(format_table(rep.summaries))
     for q in rep.equivalences:
         print(f"clip vs per_sample_kl, seed {q.seed}: max return-curve difference "
               f"{q.max_abs_diff:.3g}")
     print(f"\nreport: {rep.html.resolve()}")
-    print(f"demo finished in {time.perf_counter() - t0:.0f}s")
-    return code

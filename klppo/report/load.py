@@ -59,57 +59,136 @@ def condition_of(config: dict[str, Any]) -> str:
     return str(obj)
 
 
-def _load_run(path: Path, condition: str | None) -> tuple[Run | None, str | None]:
+class _Skip(Exception):
+    """A path the report cannot use; the message says why."""
+
+
+#: metrics the report reads: each must be a number (or null) in a usable record
+_NUMERIC = ("global_step", "episode_return_mean", "episode_count", "kl_observed", "kl_rollout",
+            "kl_target", "beta", "frac_in", "frac_pass", "frac_kill", "beta_t_q50", "beta_t_q90",
+            "beta_t_q99")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _usable(record: dict[str, Any]) -> bool:
+    return _number(record.get("global_step")) and all(
+        record[k] is None or _number(record[k]) for k in _NUMERIC if k in record)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _Skip("config.yaml is not UTF-8 text") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise _Skip(f"config.yaml is not valid YAML{where}") from None
+    if config is None:
+        raise _Skip("config.yaml is empty")
+    if not isinstance(config, dict):
+        raise _Skip(f"config.yaml holds a {type(config).__name__}, not a mapping")
+    seed = config.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise _Skip(f"config.yaml: seed={seed!r} is not an integer")
+    for key in ("ppo", "kl"):
+        if not isinstance(config.get(key) or {}, dict):
+            raise _Skip(f"config.yaml: {key}={config[key]!r} is not a mapping")
+    return config
+
+
+def _read_state(path: Path) -> str | None:
+    try:
+        status = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return status.get("state") if isinstance(status, dict) else None
+
+
+def _read_run(path: Path, condition: str | None) -> Run:
     cfg_path, met_path = path / "config.yaml", path / "metrics.jsonl"
     if not cfg_path.exists():
-        return None, "no config.yaml: not a klppo run directory"
+        raise _Skip("no config.yaml: not a klppo run directory")
     if not met_path.exists():
-        return None, "no metrics.jsonl: the run never finished an iteration"
-    try:
-        config = yaml.safe_load(cfg_path.read_text()) or {}
-    except yaml.YAMLError as e:
-        return None, f"config.yaml is unreadable: {e}"
+        raise _Skip("no metrics.jsonl: the run never finished an iteration")
+    config = _read_config(cfg_path)
     records, bad = read_metrics(met_path)
-    records = [r for r in records if "global_step" in r]
-    if not records:
-        return None, "metrics.jsonl holds no complete record"
-    status = None
-    st = path / "status.json"
-    if st.exists():
-        try:
-            status = json.loads(st.read_text()).get("state")
-        except json.JSONDecodeError:
-            status = None
-    run = Run(path, config, records, condition or condition_of(config), status)
+    usable = [r for r in records if _usable(r)]
+    bad += len(records) - len(usable)
+    if not usable:
+        raise _Skip("metrics.jsonl holds no complete record")
+    status = _read_state(path / "status.json")
+    run = Run(path, config, usable, condition or condition_of(config), status)
     if bad:
         run.notes.append(f"skipped {bad} malformed line(s) in metrics.jsonl (killed mid-write?)")
     if status not in (None, "finished"):
         run.notes.append(f"run status is {status!r}: its curve is partial")
-    return run, None
+    return run
+
+
+def _load_run(path: Path, condition: str | None) -> tuple[Run | None, str | None]:
+    try:
+        return _read_run(path, condition), None
+    except _Skip as e:
+        return None, str(e)
+    except (OSError, ValueError) as e:  # unreadable file, bad bytes
+        return None, f"unreadable ({type(e).__name__}: {e})"
+
+
+def _sweep_targets(p: Path, skipped: list[tuple[str, str]]) -> list[tuple[Path, str | None]]:
+    try:
+        index = json.loads((p / "index.json").read_bytes())
+    except (OSError, ValueError) as e:
+        raise _Skip(f"index.json is unreadable ({type(e).__name__}: {e})") from None
+    runs = index.get("runs") if isinstance(index, dict) else None
+    if not isinstance(runs, list):
+        raise _Skip("index.json holds no list of runs")
+    targets = []
+    for e in runs:
+        if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"]:
+            cond = e.get("condition")
+            targets.append((p / "runs" / e["name"], None if cond is None else str(cond)))
+        else:
+            skipped.append((str(p / "index.json"), f"entry {e!r} names no run"))
+    return targets
+
+
+def _targets(p: Path, skipped: list[tuple[str, str]]) -> list[tuple[Path, str | None]]:
+    if not p.exists():
+        raise _Skip("does not exist")
+    if not p.is_dir():
+        raise _Skip("not a directory")
+    if (p / "index.json").exists():
+        return _sweep_targets(p, skipped)
+    if (p / "config.yaml").exists():
+        return [(p, None)]
+    children = sorted(c for c in p.iterdir() if (c / "config.yaml").exists())
+    if not children:
+        raise _Skip("neither a run directory nor a sweep (no config.yaml or index.json)")
+    return [(c, None) for c in children]
 
 
 def load_runs(paths: list[str | Path]) -> Loaded:
-    """Load run directories, sweep directories (``index.json``) and parents of run dirs."""
+    """Load run directories, sweep directories (``index.json``) and parents of run dirs.
+
+    Nothing unreadable stops the load: each such path is listed in ``skipped`` with the reason.
+    """
     runs: list[Run] = []
     skipped: list[tuple[str, str]] = []
     seen: set[Path] = set()
     for raw in paths:
         p = Path(raw)
-        if not p.exists():
-            skipped.append((str(p), "does not exist"))
+        try:
+            targets = _targets(p, skipped)
+        except _Skip as e:
+            skipped.append((str(p), str(e)))
             continue
-        targets: list[tuple[Path, str | None]] = []
-        if (p / "index.json").exists():
-            index = json.loads((p / "index.json").read_text())
-            targets = [(p / "runs" / e["name"], e.get("condition")) for e in index["runs"]]
-        elif (p / "config.yaml").exists():
-            targets = [(p, None)]
-        else:
-            children = sorted(c for c in p.iterdir() if (c / "config.yaml").exists())
-            if not children:
-                skipped.append((str(p), "neither a run directory nor a sweep (no config.yaml "
-                                        "or index.json)"))
-            targets = [(c, None) for c in children]
+        except OSError as e:
+            skipped.append((str(p), f"unreadable ({type(e).__name__}: {e})"))
+            continue
         for path, cond in targets:
             key = path.resolve()
             if key in seen:

@@ -132,17 +132,22 @@ class MetricsWriter:
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
     """Parse a metrics.jsonl; return (records, number of unparseable lines skipped).
 
-    A run killed mid-write leaves a truncated last line: it is skipped, not fatal.
+    A run killed mid-write leaves a truncated last line: it is skipped, not fatal; so is a line
+    that is not UTF-8 text or not a JSON object.
     """
     records, bad = [], 0
-    with open(path) as f:
+    with open(path, "rb") as f:
         for line in f:
             line = line.strip()
             if not line:
                 continue
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = json.loads(line)
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
                 bad += 1
     return records, bad
 

@@ -1,10 +1,17 @@
 """Sweeps: a grid of conditions x seeds, each run through the same entry point as ``klppo train``.
 
 A sweep directory holds ``spec.yaml`` (what was asked), ``index.json`` (one entry per run:
-name, condition, seed, overrides, state, error) and ``runs/{name}/`` run directories. Re-running
-a sweep skips finished runs and resumes unfinished ones from their checkpoints. Every run is its
-own process (``python -m klppo.runs.worker RUN_DIR``), so a crash, even a segfault, takes down
-only that run; the sweep records its error and traceback and carries on.
+name, condition, seed, overrides, state, error), ``.lock`` (held by the one sweep process
+writing it) and ``runs/{name}/`` run directories. Re-running a sweep skips finished runs and
+resumes the others from their checkpoints. Every run is its own process
+(``python -m klppo.runs.worker RUN_DIR``, see :mod:`klppo.runs.launch`), so a crash, even a
+segfault, takes down only that run; the sweep records its error and carries on.
+
+Stopping: a first SIGINT or SIGTERM (or :meth:`SweepStop.request`) stops launching runs and
+asks the running ones to finish their iteration, checkpoint and stop; they are recorded as
+``interrupted``. A second one kills them (SIGKILL); they are still recorded as ``interrupted``
+and resume from their last checkpoint. If the sweep itself is killed, its workers stop
+themselves the same graceful way.
 
 Backends: ``local`` (default) runs at most ``workers`` processes at once on this machine;
 ``ray`` submits the same worker function as Ray tasks (one CPU each) to the cluster named by
@@ -13,52 +20,36 @@ Backends: ``local`` (default) runs at most ``workers`` processes at once on this
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import itertools
 import logging
 import os
-import subprocess
-import sys
+import signal
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from klppo.rl import config as C
+from klppo.runs import launch as L
 from klppo.runs import rundir as R
+from klppo.runs.launch import run_one
+from klppo.runs.sweep_spec import DEMO_SPEC, RunPlan, SweepSpec, expand, load_spec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SweepSpec", "RunEntry", "SweepResult", "expand", "run_sweep", "run_one",
-           "DEMO_SPEC"]
+__all__ = ["SweepSpec", "RunEntry", "SweepResult", "SweepStop", "expand", "load_spec",
+           "run_sweep", "run_one", "DEMO_SPEC"]
 
 Backend = Literal["local", "ray"]
+Done = Callable[[str, dict[str, Any]], None]
 
-
-@dataclass
-class SweepSpec:
-    """What to run: a base config, named conditions, a grid over any field, and seeds."""
-
-    preset: str | None = "klip/cartpole"
-    """base preset (None: TrainConfig defaults)"""
-    base: dict[str, Any] = field(default_factory=dict)
-    """overrides applied to every run (nested dict, e.g. {"total_steps": 50000})"""
-    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """named overrides, one condition each (empty: a single condition "base")"""
-    grid: dict[str, list[Any]] = field(default_factory=dict)
-    """dotted field -> values; the product is crossed with every condition"""
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    """seeds run for every condition"""
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SweepSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise C.ConfigError(f"sweep spec: unknown key(s) {sorted(unknown)}; "
-                                f"known: {sorted(known)}")
-        return cls(**d)
+#: how long a run whose directory another process holds is retried before it counts as failed
+BUSY_WAIT_S = 300.0
+POLL_S = 0.05
 
 
 @dataclass
@@ -68,97 +59,112 @@ class RunEntry:
     seed: int
     overrides: dict[str, Any]
     state: str = "pending"
+    """pending (not started), running, finished, failed or interrupted (resumable)"""
     error: str | None = None
     wall_s: float | None = None
-    """wall time of this run's worker process in this sweep invocation (None: skipped)"""
+    """wall time of this run's worker process in this sweep invocation (None: not run)"""
 
 
 @dataclass
 class SweepResult:
     sweep_dir: Path
     entries: list[RunEntry]
+    stop_signal: int | None = None
+    """the signal that stopped the sweep early (SIGINT, SIGTERM), or None"""
+
+    def _in(self, state: str) -> list[RunEntry]:
+        return [e for e in self.entries if e.state == state]
+
+    @property
+    def finished(self) -> list[RunEntry]:
+        return self._in("finished")
 
     @property
     def failed(self) -> list[RunEntry]:
+        return self._in("failed")
+
+    @property
+    def interrupted(self) -> list[RunEntry]:
+        return self._in("interrupted")
+
+    @property
+    def not_started(self) -> list[RunEntry]:
+        return self._in("pending")
+
+    @property
+    def unfinished(self) -> list[RunEntry]:
         return [e for e in self.entries if e.state != "finished"]
 
 
-def _dotted(d: dict[str, Any]) -> dict[str, Any]:
-    """{"a.b": 1} -> {"a": {"b": 1}}, merging nested dicts."""
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        node = out
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
-            node[parts[-1]].update(value)
-        else:
-            node[parts[-1]] = value
-    return out
+class SweepStop:
+    """Asks a running sweep to stop: the first request stops launching runs and asks the running
+    ones to checkpoint and stop; the second kills them. Thread- and signal-handler-safe."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.signal: int | None = None
+
+    def request(self, signum: int | None = None) -> None:
+        self.requests += 1
+        if self.signal is None:
+            self.signal = signum
+        log.warning("%s: %s", signal.Signals(signum).name if signum else "stop requested",
+                    "no new runs; running runs checkpoint and stop (again: kill them)"
+                    if self.requests == 1 else "killing the running runs")
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def expand(spec: SweepSpec) -> list[tuple[RunEntry, C.TrainConfig]]:
-    """Every (condition x grid point x seed) as a run entry and its validated config."""
-    base_cfg = C.preset(spec.preset) if spec.preset else C.TrainConfig()
-    base_cfg = C.from_dict(_dotted(spec.base), base_cfg)
-    conditions = spec.conditions or {"base": {}}
-    keys = list(spec.grid)
-    points = list(itertools.product(*(spec.grid[k] for k in keys))) or [()]
-    out = []
-    for cname, cover in conditions.items():
-        for point in points:
-            label = cname + "".join(f"__{k.split('.')[-1]}={v}" for k, v in zip(keys, point)
-                                    if k != "env")  # the env already leads the run name
-            overrides = _merge(_dotted(cover), _dotted(dict(zip(keys, point))))
-            for seed in spec.seeds:
-                cfg = C.from_dict({**overrides, "seed": seed}, base_cfg)
-                C.validate(cfg)
-                safe_env = cfg.env.replace("/", "-").replace(":", "-")
-                name = f"{safe_env}__{label}__{seed}"
-                out.append((RunEntry(name, label, seed, overrides), cfg))
-    names = [e.name for e, _ in out]
-    if len(set(names)) != len(names):
-        raise C.ConfigError("sweep spec: two runs get the same name; make condition names "
-                            "unique")
-    return out
-
-
-def run_one(run_dir: str) -> dict[str, Any]:
-    """Run (or resume, or skip) one sweep run in a fresh Python process; never raises.
-
-    Returns ``{"state", "error", "wall_s"}``. This is the function the local pool and Ray
-    both call.
-    """
-    run_dir = str(run_dir)
-    status = R.read_status(Path(run_dir))
-    if status and status.get("state") == "finished":
-        return {"state": "finished", "error": None, "wall_s": None}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "klppo.runs.worker", run_dir],
-                          capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    status = R.read_status(Path(run_dir)) or {}
-    if proc.returncode == 0 and status.get("state") == "finished":
-        return {"state": "finished", "error": None, "wall_s": wall}
-    err = status.get("error") or f"worker exited with code {proc.returncode}"
-    tb = status.get("traceback") or proc.stderr[-4000:]
-    if status.get("state") != "failed":  # killed from outside, or a hard crash
-        R.write_status(Path(run_dir), "failed", error=err, traceback=tb)
-    return {"state": "failed", "error": err, "traceback": tb, "wall_s": wall}
+@contextlib.contextmanager
+def _signals_to(stop: SweepStop) -> Iterator[None]:
+    """SIGINT and SIGTERM request a stop while the sweep runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in sigs}
+    for s in sigs:
+        signal.signal(s, lambda signum, frame: stop.request(signum))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _write_index(sweep_dir: Path, entries: list[RunEntry]) -> None:
     R.write_json_atomic(sweep_dir / "index.json",
                         {"runs": [dataclasses.asdict(e) for e in entries]})
+
+
+def _open_sweep_dir(sweep_dir: Path, spec: SweepSpec) -> R.DirLock:
+    """Create (or reopen) the sweep directory and take its lock; refuse a different spec."""
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise C.ConfigError(f"out={str(sweep_dir)!r}: exists and is not a directory")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    lock = R.DirLock(sweep_dir, "sweep directory").acquire()
+    spec_path, spec_dict = sweep_dir / "spec.yaml", dataclasses.asdict(spec)
+    if spec_path.exists() and R.read_yaml(spec_path) != spec_dict:
+        lock.release()
+        raise C.ConfigError(f"out={str(sweep_dir)!r}: holds a different sweep spec; choose "
+                            f"another directory or delete it")
+    R.write_yaml(spec_path, spec_dict)
+    (sweep_dir / "runs").mkdir(exist_ok=True)
+    return lock
+
+
+def _prepare(sweep_dir: Path, planned: list[RunPlan]) -> list[RunEntry]:
+    entries = []
+    for plan in planned:
+        run_dir = sweep_dir / "runs" / plan.name
+        run_dir.mkdir(exist_ok=True)
+        if not (run_dir / "config.yaml").exists():
+            cfg = dataclasses.replace(plan.config, out=str(run_dir))
+            R.write_yaml(run_dir / "config.yaml", C.to_dict(cfg))
+        st = R.read_status(run_dir) or {}
+        state = st.get("state") if st.get("state") in ("finished", "failed", "interrupted") \
+            else "pending"
+        entries.append(RunEntry(plan.name, plan.condition, plan.seed, plan.overrides, state,
+                                st.get("error") if state == "failed" else None))
+    return entries
 
 
 def run_sweep(
@@ -167,85 +173,148 @@ def run_sweep(
     backend: Backend = "local",
     workers: int | None = None,
     on_done: Callable[[RunEntry], None] | None = None,
+    stop: SweepStop | None = None,
 ) -> SweepResult:
-    """Run every run of ``spec`` under ``sweep_dir``; idempotent and crash-isolated."""
-    sweep_dir = Path(sweep_dir)
+    """Run every run of ``spec`` under ``sweep_dir``; idempotent, crash-isolated, stoppable.
+
+    Everything is checked before ``sweep_dir`` is created (:class:`~klppo.rl.config.ConfigError`);
+    a directory another sweep holds raises :class:`~klppo.runs.rundir.DirBusyError`.
+    """
+    sweep_dir, stop = Path(sweep_dir), stop or SweepStop()
     planned = expand(spec)
-    spec_path = sweep_dir / "spec.yaml"
-    spec_dict = dataclasses.asdict(spec)
-    if spec_path.exists() and R.read_yaml(spec_path) != spec_dict:
-        raise C.ConfigError(f"{sweep_dir} holds a different sweep spec; choose another "
-                            f"directory or delete it")
-    (sweep_dir / "runs").mkdir(parents=True, exist_ok=True)
-    R.write_yaml(spec_path, spec_dict)
-    entries = []
-    for entry, cfg in planned:
-        run_dir = sweep_dir / "runs" / entry.name
-        run_dir.mkdir(exist_ok=True)
-        cfg = dataclasses.replace(cfg, out=str(run_dir))
-        if not (run_dir / "config.yaml").exists():
-            R.write_yaml(run_dir / "config.yaml", C.to_dict(cfg))
-        st = R.read_status(run_dir)
-        entry.state = "finished" if st and st.get("state") == "finished" else "pending"
-        entries.append(entry)
-    _write_index(sweep_dir, entries)
-    todo = [e for e in entries if e.state != "finished"]
-    dirs = {e.name: str(sweep_dir / "runs" / e.name) for e in todo}
-    runner = _local if backend == "local" else _ray
-    n = workers or max(1, os.cpu_count() or 1)
-
-    def done(name: str, res: dict[str, Any]) -> None:
-        e = next(x for x in entries if x.name == name)
-        e.state, e.error, e.wall_s = res["state"], res.get("error"), res.get("wall_s")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise C.ConfigError(f"workers={workers!r}: must be an integer >= 1")
+    if backend not in ("local", "ray"):
+        raise C.ConfigError(f"backend={backend!r}: must be 'local' or 'ray'")
+    runner = _local if backend == "local" else _ray_runner()
+    lock = _open_sweep_dir(sweep_dir, spec)
+    try:
+        entries = _prepare(sweep_dir, planned)
         _write_index(sweep_dir, entries)
-        if on_done is not None:
-            on_done(e)
+        by_name = {e.name: e for e in entries}
 
-    runner(dirs, n, done)
-    return SweepResult(sweep_dir, entries)
+        def update(name: str, res: dict[str, Any]) -> None:
+            e = by_name[name]
+            e.state, e.error, e.wall_s = res["state"], res.get("error"), res.get("wall_s")
+            _write_index(sweep_dir, entries)
+            if on_done is not None and e.state not in ("running", "pending"):
+                on_done(e)
+
+        todo = {e.name: str(sweep_dir / "runs" / e.name) for e in entries
+                if e.state != "finished"}
+        with _signals_to(stop):
+            runner(todo, workers or max(1, os.cpu_count() or 1), update, stop)
+    finally:
+        lock.release()
+    return SweepResult(sweep_dir, entries, stop.signal)
 
 
-def _local(dirs: dict[str, str], workers: int, done: Callable[[str, dict], None]) -> None:
-    from concurrent.futures import ThreadPoolExecutor, as_completed
+# ------------------------------------------------------------------------------ local backend
+def _busy(run_dir: str) -> str | None:
+    """The holder of ``run_dir``'s lock (e.g. a worker of a killed sweep, still stopping)."""
+    try:
+        R.DirLock(run_dir).acquire().release()
+    except R.DirBusyError as e:
+        return str(e)
+    return None
 
-    # threads only wait on the worker subprocesses; each run is its own process
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_one, d): name for name, d in dirs.items()}
-        for f in as_completed(futures):
-            done(futures[f], f.result())
+
+class _Local:
+    """At most ``workers`` worker processes, all started and watched from the one thread that
+    runs the sweep (a worker's parent-death signal fires when the thread that forked it ends)."""
+
+    def __init__(self, dirs: dict[str, str], workers: int, update: Done, stop: SweepStop):
+        self.queue = deque(dirs.items())
+        self.workers, self.update, self.stop = workers, update, stop
+        self.jobs: dict[str, L.Job] = {}
+        self.busy_since: dict[str, float] = {}
+
+    def launch(self) -> None:
+        deferred = []
+        while self.queue and len(self.jobs) < self.workers:
+            name, run_dir = self.queue.popleft()
+            holder = _busy(run_dir)
+            if holder is None:
+                self.jobs[name] = L.start(run_dir)
+                self.update(name, {"state": "running"})
+            elif self.gave_up(name, holder):
+                self.update(name, {"state": "failed", "error": holder})
+            else:
+                deferred.append((name, run_dir))
+        self.queue.extend(deferred)
+
+    def gave_up(self, name: str, holder: str) -> bool:
+        now = time.monotonic()
+        if name not in self.busy_since:
+            self.busy_since[name] = now
+            log.warning("%s; the sweep waits for it (up to %.0f s)", holder, BUSY_WAIT_S)
+        return now - self.busy_since[name] > BUSY_WAIT_S
+
+    def reap(self) -> None:
+        for name, job in list(self.jobs.items()):
+            L.stop(job, min(self.stop.requests, 2))
+            rc = job.proc.poll()
+            if rc is not None:
+                del self.jobs[name]
+                self.update(name, L.outcome(job, rc))
+
+    def run(self) -> None:
+        try:
+            while self.jobs or (self.queue and not self.stop.requests):
+                if not self.stop.requests:
+                    self.launch()
+                self.reap()
+                time.sleep(POLL_S)
+        finally:  # on an error of our own: stop the workers the graceful way, then re-raise
+            for job in self.jobs.values():
+                L.stop(job, 1)
+            for job in self.jobs.values():
+                job.proc.wait()
 
 
-def _ray(dirs: dict[str, str], workers: int, done: Callable[[str, dict], None]) -> None:
+def _local(dirs: dict[str, str], workers: int, update: Done, stop: SweepStop) -> None:
+    _Local(dirs, workers, update, stop).run()
+
+
+# -------------------------------------------------------------------------------- ray backend
+def _ray_runner() -> Callable[[dict[str, str], int, Done, SweepStop], None]:
     try:
         import ray
     except ImportError:
-        raise C.ConfigError("backend='ray' needs the ray extra: pip install 'klppo[ray]'") \
+        raise C.ConfigError("backend='ray': needs the ray extra: pip install 'klppo[ray]'") \
             from None
-    if not ray.is_initialized():
+    if not ray.is_initialized():  # before our signal handlers: ray.init installs its own
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
                  log_to_driver=False, ignore_reinit_error=True)
+    return _ray
+
+
+def _ray(dirs: dict[str, str], workers: int, update: Done, stop: SweepStop) -> None:
+    import ray
+
     remote = ray.remote(num_cpus=1)(run_one)
     pending = {remote.remote(d): name for name, d in dirs.items()}
+    cancelled = 0
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
+        if stop.requests > cancelled:  # running tasks get KeyboardInterrupt (run_one forwards
+            cancelled = stop.requests  # it to the worker); queued ones never start
+            for ref in pending:
+                ray.cancel(ref, force=cancelled > 1)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
         for ref in ready:
             name = pending.pop(ref)
-            try:
-                res = ray.get(ref)
-            except Exception as e:  # noqa: BLE001 - a lost worker is one failed run
-                res = {"state": "failed", "error": repr(e)}
-            done(name, res)
+            update(name, _ray_result(ray, ref, dirs[name]))
 
 
-#: The KLip-PPO four-way comparison on CartPole (what `make demo` runs).
-DEMO_SPEC = SweepSpec(
-    preset="klip/cartpole",
-    conditions={
-        "clip": {"objective": "clip"},
-        "per_sample_kl": {"objective": "per_sample_kl"},
-        "kl_fixed": {"objective": "kl_penalty", "kl": {"controller": "fixed", "beta": 1.0}},
-        "kl_adaptive": {"objective": "kl_penalty",
-                        "kl": {"controller": "step", "preset": "klip", "target": 0.02}},
-    },
-    seeds=[0, 1, 2],
-)
+def _ray_result(ray: Any, ref: Any, run_dir: str) -> dict[str, Any]:
+    try:
+        return ray.get(ref)
+    except ray.exceptions.TaskCancelledError:  # cancelled before it started
+        state = (R.read_status(Path(run_dir)) or {}).get("state")
+        return {"state": state if state in ("finished", "interrupted") else "pending"}
+    except Exception as e:  # noqa: BLE001 - a lost worker is one failed (or stopped) run
+        state = (R.read_status(Path(run_dir)) or {}).get("state")
+        if state in ("finished", "interrupted"):
+            return {"state": state}
+        return {"state": "failed", "error": repr(e)}

@@ -1,18 +1,87 @@
-"""``python -m klppo.runs.worker RUN_DIR``: run or resume the run whose config.yaml is there."""
+"""``python -m klppo.runs.worker RUN_DIR``: run or resume the run whose config.yaml is there.
+
+The worker never outlives the process that started it (the pid in ``KLPPO_PARENT_PID``, else
+its parent at start): on Linux the kernel sends it SIGTERM when that parent dies
+(``PR_SET_PDEATHSIG``); elsewhere a daemon thread polls the parent pid. A SIGTERM stops the run
+the way a first Ctrl-C does: finish the iteration, checkpoint, status 'interrupted'.
+
+Exit codes: 0 finished or interrupted (status.json says which), 1 failed, 75 the run directory
+is held by another process, 130 interrupted before training started.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
-from klppo.rl.trainer import resume
+from klppo.runs import rundir as R
+from klppo.runs.launch import BUSY_EXIT, PARENT_ENV
+
+PR_SET_PDEATHSIG = 1
+
+
+def _set_parent_death_signal(sig: int) -> bool:
+    """Ask Linux to send ``sig`` when our parent (the thread that forked us) exits."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _term_as_interrupt(signum, frame) -> None:
+    # the trainer treats a first SIGINT as "checkpoint and stop"; outside training it raises
+    # KeyboardInterrupt, which main() turns into a quiet exit
+    signal.raise_signal(signal.SIGINT)
+
+
+def _watch_parent(parent: int, poll_s: float = 0.5) -> None:
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def stop_with_parent() -> None:
+    """Listen to SIGINT and SIGTERM, and SIGTERM this process when its parent dies (kernel
+    signal, else a polling thread)."""
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+    # a signal mask is inherited: Ray's workers block SIGINT, which would make us deaf to it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGTERM, _term_as_interrupt)
+    if not _set_parent_death_signal(signal.SIGTERM):
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True,
+                         name="klppo-parent-watch").start()
+    if os.getppid() != parent:  # the parent died before we asked to be told
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _record(result) -> None:
+    """Make status.json say how the run ended (resuming a complete run writes no status)."""
+    if (R.read_status(result.run_dir) or {}).get("state") != result.status:
+        last = result.metrics[-1].get("iteration") if result.metrics else 0
+        R.write_status(result.run_dir, result.status, iteration=last)
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING)
     try:
-        resume(Path(argv[0]))
+        stop_with_parent()
+        from klppo.rl.trainer import resume
+
+        _record(resume(Path(argv[0])))
+    except KeyboardInterrupt:
+        print("klppo worker: interrupted", file=sys.stderr)
+        return 130
+    except R.DirBusyError as e:
+        print(f"klppo worker: {e}", file=sys.stderr)
+        return BUSY_EXIT
     except Exception as e:  # noqa: BLE001 - the status file holds the details
         print(f"klppo worker: {e!r}", file=sys.stderr)
         return 1

@@ -1,0 +1,127 @@
+"""Worker processes of a sweep: start one run, stop it, and say how it ended.
+
+Each run is ``python -m klppo.runs.worker RUN_DIR`` in its own session (so a Ctrl-C at the
+terminal reaches only the sweep, which decides what the workers get), with its output appended
+to ``RUN_DIR/worker.log``. The worker stops itself if the sweep dies (see ``klppo.runs.worker``).
+Stopping a job: level 1 sends SIGINT (finish the iteration, checkpoint, status 'interrupted'),
+level 2 sends SIGKILL (the run resumes from its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from klppo.runs import rundir as R
+
+__all__ = ["PARENT_ENV", "BUSY_EXIT", "Job", "start", "stop", "outcome", "run_one"]
+
+#: environment variable naming the pid the worker must not outlive
+PARENT_ENV = "KLPPO_PARENT_PID"
+#: worker exit code: another process holds the run directory (its status is not ours to touch)
+BUSY_EXIT = 75
+LOG = "worker.log"
+
+
+@dataclass
+class Job:
+    run_dir: Path
+    proc: subprocess.Popen
+    started: float
+    """time.time() at launch (status.json files older than this are from an earlier launch)"""
+    log_offset: int
+    stop_level: int = 0
+
+
+def start(run_dir: str | Path) -> Job:
+    """Launch the worker of ``run_dir``; returns at once."""
+    run_dir = Path(run_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           PARENT_ENV: str(os.getpid())}
+    started = time.time()
+    with open(run_dir / LOG, "ab") as log:
+        offset = log.tell()
+        proc = subprocess.Popen([sys.executable, "-m", "klppo.runs.worker", str(run_dir)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    return Job(run_dir, proc, started, offset)
+
+
+def stop(job: Job, level: int) -> None:
+    """Raise the job's stop level: 1 = SIGINT (checkpoint and stop), 2 = SIGKILL."""
+    if level <= job.stop_level or job.proc.returncode is not None:
+        return
+    job.stop_level = level
+    try:
+        job.proc.send_signal(signal.SIGINT if level == 1 else signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _log_tail(job: Job, limit: int = 4000) -> str:
+    try:
+        with open(job.run_dir / LOG, "rb") as f:
+            f.seek(job.log_offset)
+            return f.read().decode(errors="replace")[-limit:]
+    except OSError:
+        return ""
+
+
+def _worker_error(tail: str, rc: int) -> str:
+    lines = [ln for ln in tail.splitlines() if ln.startswith("klppo worker: ")]
+    return lines[-1].removeprefix("klppo worker: ") if lines else f"worker exited with code {rc}"
+
+
+def outcome(job: Job, rc: int) -> dict[str, Any]:
+    """How the job ended: ``{"state", "error", "wall_s"}`` (+ ``traceback`` when it failed).
+
+    The run's own status.json decides when the worker wrote it in this launch; otherwise a job
+    that was asked to stop is 'interrupted' and anything else 'failed' (a hard crash). Either
+    way status.json is brought up to date, except when another process holds the run.
+    """
+    wall = time.time() - job.started
+    status = R.read_status(job.run_dir) or {}
+    state = status.get("state") if status.get("time", 0) >= job.started else None
+    if state in ("finished", "interrupted"):
+        return {"state": state, "error": None, "wall_s": wall}
+    tail = _log_tail(job)
+    if state == "failed":
+        return {"state": "failed", "error": status.get("error"),
+                "traceback": status.get("traceback"), "wall_s": wall}
+    if job.stop_level and rc != BUSY_EXIT:
+        how = "killed by the sweep" if job.stop_level > 1 else f"stopped (exit code {rc})"
+        R.write_status(job.run_dir, "interrupted", error=f"worker {how}; it resumes from its "
+                       f"last checkpoint", iteration=status.get("iteration"))
+        return {"state": "interrupted", "error": None, "wall_s": wall}
+    err = _worker_error(tail, rc)
+    if rc != BUSY_EXIT:
+        R.write_status(job.run_dir, "failed", error=err, traceback=tail)
+    return {"state": "failed", "error": err, "traceback": tail, "wall_s": wall}
+
+
+def run_one(run_dir: str | Path) -> dict[str, Any]:
+    """Run (or resume, or skip) one sweep run in a fresh Python process; never raises.
+
+    Returns :func:`outcome`'s dict. A KeyboardInterrupt while waiting (Ctrl-C, or
+    ``ray.cancel`` of the task) asks the worker to checkpoint and stop; a second one kills it.
+    This is what each Ray task runs.
+    """
+    status = R.read_status(Path(run_dir))
+    if status and status.get("state") == "finished":
+        return {"state": "finished", "error": None, "wall_s": None}
+    job = start(run_dir)
+    while True:
+        try:  # short waits: ray.cancel raises KeyboardInterrupt only between bytecodes
+            rc = job.proc.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+        except KeyboardInterrupt:
+            stop(job, job.stop_level + 1)
+    return outcome(job, rc)

@@ -1,0 +1,229 @@
+"""Sweep specs: what a sweep runs, read from YAML or built in Python, checked before any run.
+
+A spec is a base preset, ``base`` overrides, named ``conditions``, a ``grid`` over any config
+field and ``seeds``. :func:`expand` turns it into one validated training config per run; every
+problem is a :class:`~klppo.rl.config.ConfigError` whose one-line message starts with
+``field=value:`` (``base.ppo.lr='fast': ...``, ``seeds=0: ...``, ``spec='x.yaml': ...``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from klppo.rl import config as C
+
+__all__ = ["SweepSpec", "RunPlan", "load_spec", "expand", "DEMO_SPEC"]
+
+
+def _bad(name: str, value: Any, why: str) -> C.ConfigError:
+    return C.ConfigError(f"{name}={value!r}: {why}")
+
+
+@dataclass
+class SweepSpec:
+    """What to run: a base config, named conditions, a grid over any field, and seeds."""
+
+    preset: str | None = "klip/cartpole"
+    """base preset (None: TrainConfig defaults)"""
+    base: dict[str, Any] = field(default_factory=dict)
+    """overrides applied to every run (nested dict, e.g. {"total_steps": 50000})"""
+    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """named overrides, one condition each (empty: a single condition "base")"""
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    """dotted field -> values; the product is crossed with every condition"""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """seeds run for every condition (distinct integers >= 0)"""
+
+    @classmethod
+    def from_dict(cls, d: Any) -> SweepSpec:
+        known = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(d, dict):
+            raise _bad("spec", d, f"must be a mapping with keys {known}")
+        for key in d:
+            if key not in known:
+                raise _bad(str(key), d[key], f"unknown sweep spec key; known: {known}")
+        spec = cls(**d)
+        spec.check()
+        return spec
+
+    def check(self) -> SweepSpec:
+        """Check the spec's shape (types, seeds); :func:`expand` checks the values."""
+        if self.preset is not None and not isinstance(self.preset, str):
+            raise _bad("preset", self.preset, "must be a preset name or null")
+        _check_overrides("base", self.base)
+        if not isinstance(self.conditions, dict):
+            raise _bad("conditions", self.conditions,
+                       "must be a mapping of condition name -> overrides")
+        for name, over in self.conditions.items():
+            if not isinstance(name, str) or not name:
+                raise _bad("conditions", name, "a condition name must be a non-empty string")
+            _check_overrides(f"conditions.{name}", over)
+        if not isinstance(self.grid, dict):
+            raise _bad("grid", self.grid, "must be a mapping of dotted field -> list of values")
+        for key, values in self.grid.items():
+            if not isinstance(key, str) or not key:
+                raise _bad("grid", key, "a grid axis must be a dotted field name")
+            if not isinstance(values, list) or not values:
+                raise _bad(f"grid.{key}", values, "must be a non-empty list of values")
+        _check_seeds(self.seeds)
+        return self
+
+
+def _check_overrides(name: str, over: Any) -> None:
+    if over is None:
+        return
+    if not isinstance(over, dict):
+        raise _bad(name, over, "must be a mapping of field -> value")
+    for key in over:
+        if not isinstance(key, str) or not key:
+            raise _bad(name, key, "field names must be non-empty strings")
+
+
+def _check_seeds(seeds: Any) -> None:
+    why = "must be a non-empty list of distinct integers >= 0"
+    if not isinstance(seeds, list) or not seeds:
+        raise _bad("seeds", seeds, why)
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise _bad("seeds", seeds, f"{why} ({s!r} is not)")
+    if len(set(seeds)) != len(seeds):
+        raise _bad("seeds", seeds, f"{why} (a seed is repeated)")
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and check a sweep spec YAML file."""
+    p = Path(path)
+    where = f"spec={str(p)!r}"
+    if p.is_dir():
+        raise C.ConfigError(f"{where}: is a directory, not a YAML file")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise C.ConfigError(f"{where}: no such file") from None
+    except OSError as e:
+        raise C.ConfigError(f"{where}: cannot be read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise C.ConfigError(f"{where}: not UTF-8 text (byte {e.object[e.start]:#04x} at "
+                            f"offset {e.start})") from None
+    try:
+        d = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise C.ConfigError(f"{where}: not valid YAML ({_yaml_problem(e)})") from None
+    if d is None:
+        raise C.ConfigError(f"{where}: is empty; expected a mapping with keys "
+                            f"{[f.name for f in dataclasses.fields(SweepSpec)]}")
+    if not isinstance(d, dict):
+        raise C.ConfigError(f"{where}: holds a {type(d).__name__}; expected a mapping with "
+                            f"keys {[f.name for f in dataclasses.fields(SweepSpec)]}")
+    return SweepSpec.from_dict(d)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or type(e).__name__
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
+
+
+# ------------------------------------------------------------------------------ expansion
+def _dotted(name: str, d: dict[str, Any] | None) -> dict[str, Any]:
+    """{"a.b": 1} -> {"a": {"b": 1}}, merging nested dicts; ``name`` labels errors."""
+    out: dict[str, Any] = {}
+    for key, value in (d or {}).items():
+        node = out
+        parts = key.split(".")
+        for i, p in enumerate(parts[:-1]):
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise _bad(f"{name}.{key}", value,
+                           f"conflicts with {'.'.join(parts[:i + 1])}={node!r}")
+        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
+            node[parts[-1]].update(value)
+        else:
+            node[parts[-1]] = value
+    return out
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _overlay(where: str, d: dict[str, Any], base: C.TrainConfig,
+             check: bool = False) -> C.TrainConfig:
+    """``C.from_dict`` (+ ``C.validate``) with every error as one ConfigError naming ``where``."""
+    try:
+        cfg = C.from_dict(d, base)
+        return C.validate(cfg) if check else cfg
+    except C.ConfigError as e:
+        raise C.ConfigError(f"{where}.{e}" if not check else f"{e} ({where})") from None
+    except (TypeError, ValueError, AttributeError) as e:  # a type the config code let through
+        raise C.ConfigError(f"{where}: {e}") from None
+
+
+@dataclass
+class RunPlan:
+    """One planned run of a sweep."""
+
+    name: str
+    condition: str
+    seed: int
+    overrides: dict[str, Any]
+    config: C.TrainConfig
+
+
+def _safe(text: str) -> str:
+    return text.replace("/", "-").replace(":", "-")
+
+
+def expand(spec: SweepSpec) -> list[RunPlan]:
+    """Every (condition x grid point x seed) as a run with its validated config."""
+    spec.check()
+    base_cfg = C.preset(spec.preset) if spec.preset else C.TrainConfig()
+    base_cfg = _overlay("base", _dotted("base", spec.base), base_cfg)
+    conditions = {n: _dotted(f"conditions.{n}", o) for n, o in spec.conditions.items()}
+    for cname, over in conditions.items():
+        _overlay(f"conditions.{cname}", over, base_cfg)
+    for key, values in spec.grid.items():
+        for v in values:
+            _overlay("grid", _dotted("grid", {key: v}), base_cfg)
+    keys = list(spec.grid)
+    points = list(itertools.product(*(spec.grid[k] for k in keys))) or [()]
+    out = []
+    for cname, cover in (conditions or {"base": {}}).items():
+        for point in points:
+            label = cname + "".join(f"__{k.split('.')[-1]}={v}" for k, v in zip(keys, point)
+                                    if k != "env")  # the env already leads the run name
+            overrides = _merge(cover, _dotted("grid", dict(zip(keys, point))))
+            for seed in spec.seeds:
+                cfg = _overlay(f"condition {label}, seed {seed}", {**overrides, "seed": seed},
+                               base_cfg, check=True)
+                name = _safe(f"{cfg.env}__{label}__{seed}")
+                out.append(RunPlan(name, label, seed, overrides, cfg))
+    names = [r.name for r in out]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise _bad("conditions", sorted(spec.conditions),
+                   f"two runs get the same name {dup!r}; make condition names unique")
+    return out
+
+
+#: The KLip-PPO four-way comparison on CartPole (what `make demo` runs).
+DEMO_SPEC = SweepSpec(
+    preset="klip/cartpole",
+    conditions={
+        "clip": {"objective": "clip"},
+        "per_sample_kl": {"objective": "per_sample_kl"},
+        "kl_fixed": {"objective": "kl_penalty", "kl": {"controller": "fixed", "beta": 1.0}},
+        "kl_adaptive": {"objective": "kl_penalty",
+                        "kl": {"controller": "step", "preset": "klip", "target": 0.02}},
+    },
+    seeds=[0, 1, 2],
+)
