@@ -437,6 +437,7 @@ def resume(run_dir: str | Path,
     monitor.seed(kept)
     if tr.iteration >= cfg.num_iterations:
         tr.env.close()
+        run.status("finished", tr.iteration)
         lock.release()
         return TrainResult(run_dir, kept, "finished")
     return _run(tr, run, monitor, on_iteration)
