@@ -283,7 +283,7 @@ def _klip(env: str, envs: int, steps: int, total: int, gamma: float, lam: float,
     )
 
 
-#: Preset name -> config factory (SPEC section 5). ``--kl.controller step`` with a klip preset
+#: Preset name -> config factory (the KLip-PPO reference settings). ``--kl.controller step`` with a klip preset
 #: uses the klip step rule (target 0.02, beta0 1, beta in [1e-4, 1e4]).
 PRESETS: dict[str, Any] = {
     "klip/cartpole": lambda: _klip("CartPole-v1", 4, 128, 100_000, 0.99, 0.95, 0.0, False),

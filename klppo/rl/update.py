@@ -1,7 +1,7 @@
 """The PPO update phase: epochs of minibatch steps over one rollout, with controller cadence.
 
 The minibatch loop does only what the step needs (forward, loss, fused clipped Adam step) and
-keeps the detached per-sample outputs; the diagnostics of SPEC section 3 are computed once per
+keeps the detached per-sample outputs; the diagnostics (docs/metrics.md) are computed once per
 iteration over all of them (:meth:`Learner.update`), which gives the same means as averaging
 per-minibatch values and costs one vectorised pass instead of dozens of tiny ops per step.
 """
@@ -205,7 +205,7 @@ class Learner:
 
     @torch.no_grad()
     def _diagnostics(self, batch: Batch, keep: dict[str, list[torch.Tensor]]) -> dict[str, float]:
-        """SPEC section 3 diagnostics over every sample of every minibatch step."""
+        """The policy diagnostics (docs/metrics.md) over every sample of every minibatch step."""
         if not keep["idx"]:
             return {}
         cat = {k: _concat(v) for k, v in keep.items()}
