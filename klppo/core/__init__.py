@@ -1,6 +1,8 @@
 """Pure tensor math: KL estimators, beta controllers, PPO surrogates, values, GAE, diagnostics.
 
-Imports torch only: no environments, files, loggers or global RNG state.
+Imports torch and numpy only (numpy for the closed forms the numpy fast path runs, in
+``objectives``, ``kl``, ``values`` and ``advantages``): no environments, files, loggers or
+global RNG state.
 """
 
 from klppo.core._checks import validation
@@ -8,6 +10,7 @@ from klppo.core.advantages import gae, normalize_advantage
 from klppo.core.controllers import KLController, make_controller
 from klppo.core.kl import analytic_kl, full_kl, monte_carlo_kl, reduce_kl, sampled_kl
 from klppo.core.loss import PPOLoss
+from klppo.core.objectives import OBJECTIVES, Band, Objective, ShapeSpec, make_objective
 from klppo.core.surrogates import (
     clip_objective,
     partition,
@@ -28,6 +31,11 @@ __all__ = [
     "reduce_kl",
     "sampled_kl",
     "PPOLoss",
+    "OBJECTIVES",
+    "Band",
+    "Objective",
+    "ShapeSpec",
+    "make_objective",
     "clip_objective",
     "partition",
     "per_sample_beta",
