@@ -283,8 +283,8 @@ def _klip(env: str, envs: int, steps: int, total: int, gamma: float, lam: float,
     )
 
 
-#: Preset name -> config factory (the KLip-PPO reference settings). ``--kl.controller step`` with a klip preset
-#: uses the klip step rule (target 0.02, beta0 1, beta in [1e-4, 1e4]).
+#: Preset name -> config factory (the KLip-PPO reference settings). ``--kl.controller step``
+#: with a klip preset uses the klip step rule (target 0.02, beta0 1, beta in [1e-4, 1e4]).
 PRESETS: dict[str, Any] = {
     "klip/cartpole": lambda: _klip("CartPole-v1", 4, 128, 100_000, 0.99, 0.95, 0.0, False),
     "klip/lunarlander": lambda: _klip("LunarLander-v3", 16, 1024, 1_000_000, 0.999, 0.98, 0.01,

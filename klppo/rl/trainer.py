@@ -8,8 +8,6 @@ its last checkpoint and reproduces the metrics of an uninterrupted run exactly.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -36,6 +34,7 @@ from klppo.rl.envs import (
     make_vector_env,
     restore_env_state,
 )
+from klppo.rl.lifecycle import RunLife, StopGuard
 from klppo.rl.monitor import ExplosionMonitor
 from klppo.rl.rollout import Collector
 from klppo.rl.update import Batch, Learner, make_loss
@@ -211,62 +210,7 @@ def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
     return sinks
 
 
-class _StopGuard:
-    """A first SIGINT (Ctrl-C) or SIGTERM asks the loop to checkpoint and stop after the current
-    iteration; a second one interrupts at once. Installed only in the main thread, restored on
-    exit."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, trainer: _Trainer) -> None:
-        self.trainer = trainer
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopGuard:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self.previous[sig] = signal.getsignal(sig)
-                signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.trainer.stop_requested:
-            raise KeyboardInterrupt
-        self.trainer.stop_requested = True
-        log.warning("%s: finishing this iteration, then checkpointing and stopping",
-                    signal.Signals(signum).name)
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-class _Run:
-    """One process's life of a run directory: its lock, status, warnings and metric sinks."""
-
-    def __init__(self, run_dir: Path, lock: R.DirLock, warnings: list[str]) -> None:
-        self.run_dir, self.lock, self.warnings = run_dir, lock, list(warnings)
-
-    def status(self, state: str, iteration: int, **fields: Any) -> None:
-        if self.warnings:
-            fields["warnings"] = self.warnings
-        R.write_status(self.run_dir, state, iteration=iteration, **fields)
-
-    def final_status(self, state: str, iteration: int, **fields: Any) -> None:
-        """The status of a run that is ending on an error: best effort (the error may be the
-        full disk that this write needs too)."""
-        try:
-            self.status(state, iteration, **fields)
-        except OSError as e:
-            log.error("cannot write status.json (%s); the run ended %s: %s", e, state,
-                      fields.get("error"))
-
-    def warn(self, message: str) -> None:
-        log.warning("%s", message)
-        self.warnings.append(message)
-
-
-def _iterate_and_log(tr: _Trainer, run: _Run, writer: M.MetricsWriter, monitor: ExplosionMonitor,
+def _iterate_and_log(tr: _Trainer, run: RunLife, writer: M.MetricsWriter, monitor: ExplosionMonitor,
                      clock: tuple[float, int]) -> dict[str, Any]:
     m = tr.iterate()
     elapsed = time.perf_counter() - clock[0]
@@ -280,10 +224,10 @@ def _iterate_and_log(tr: _Trainer, run: _Run, writer: M.MetricsWriter, monitor: 
     return m
 
 
-def _loop(tr: _Trainer, run: _Run, writer: M.MetricsWriter, monitor: ExplosionMonitor,
+def _loop(tr: _Trainer, run: RunLife, writer: M.MetricsWriter, monitor: ExplosionMonitor,
           on_iteration: Callable[[dict[str, Any]], None] | None) -> str:
     cfg, clock = tr.cfg, (time.perf_counter(), tr.global_step)
-    with _StopGuard(tr):
+    with StopGuard(tr):
         while tr.iteration < cfg.num_iterations:
             m = _iterate_and_log(tr, run, writer, monitor, clock)
             if on_iteration is not None:
@@ -296,7 +240,7 @@ def _loop(tr: _Trainer, run: _Run, writer: M.MetricsWriter, monitor: ExplosionMo
     return "finished"
 
 
-def _run(tr: _Trainer, run: _Run, monitor: ExplosionMonitor,
+def _run(tr: _Trainer, run: RunLife, monitor: ExplosionMonitor,
          on_iteration: Callable[[dict[str, Any]], None] | None) -> TrainResult:
     """Iterate to the end (or a stop request); on any error, leave status 'failed' with the
     reason and the last good checkpoint, and raise :class:`TrainingError` (one line)."""
@@ -368,7 +312,7 @@ def train(config: TrainConfig,
     R.write_metadata(run_dir, {"kind": "train"})
     tr = _start(run_dir, config, lock)
     tr.collector.reset(config.seed)
-    return _run(tr, _Run(run_dir, lock, []), ExplosionMonitor(), on_iteration)
+    return _run(tr, RunLife(run_dir, lock, []), ExplosionMonitor(), on_iteration)
 
 
 def read_run_config(run_dir: str | Path) -> TrainConfig:
@@ -430,7 +374,7 @@ def resume(run_dir: str | Path,
     if state is None:
         tr.collector.reset(cfg.seed)
     M.truncate_metrics(run_dir / "metrics.jsonl", tr.iteration)
-    run = _Run(run_dir, lock, [])
+    run = RunLife(run_dir, lock, [])
     for p in problems:
         run.warn(f"resume is not exact: {p}")
     monitor = ExplosionMonitor()
