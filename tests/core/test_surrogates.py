@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from klppo.core import surrogates as S
@@ -156,7 +156,6 @@ def lp_with_ratio(lo, target):
 EDGE = st.tuples(st.sampled_from([-1, 1]), st.integers(-2, 2))
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.floats(-2, 2), st.floats(-0.8, 0.8) | EDGE,
                           st.floats(-5, 5, width=32)), min_size=1, max_size=64),
        st.sampled_from([0.1, 0.2, 0.3]))
@@ -197,7 +196,6 @@ def test_theorem1_property(rows, eps):
 
 
 # ----------------------------------------------------------------------------- Theorem 2
-@settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.01, 5), st.floats(-10, 10)), min_size=1, max_size=50),
        st.floats(0.01, 0.9))
 def test_theorem2_phi_form_equals_min_form_in_value(rows, eps):
