@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from klppo.core import surrogates as S
@@ -185,6 +185,13 @@ def test_theorem1_property(rows, eps):
     g1 = grad_of(clip_fn(lo, a, eps=eps), lp).double()
     g2 = grad_of(tmpl_fn(lo, a, eps=eps), lp).double()
     assert bool(((g1 - g2).abs() <= theorem1_tolerance(w, a, n))[~tie].all())
+    # what the run reached (shown by --hypothesis-show-statistics)
+    on_edge = (w == nudge(1 + eps, 0)) | (w == nudge(1 - eps, 0))
+    for reached, name in ((on_edge, "w exactly on a band edge"), (tie, "a min-form tie (excluded)"),
+                          ((a != 0) & (a.abs() < TINY), "a subnormal A"),
+                          (g1 != g2, "gradients differ (within tolerance)")):
+        if bool(reached.any()):
+            event(name)
     if n & (n - 1) == 0:
         # Bit identity needs g = 1/n (and the min's g/2) to scale exactly, i.e. every product
         # on either path (g A / 2, g A, w A, g A w) to be a normal float32: |A| min(w, 1/2) / n
