@@ -1,6 +1,6 @@
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from klppo.core.advantages import gae, normalize_advantage
@@ -50,12 +50,13 @@ def test_hand_computed_small_case():
     assert torch.allclose(ret, adv + v)
 
 
-@settings(max_examples=30, deadline=None)
 @given(st.integers(1, 12), st.integers(1, 4), st.floats(0, 1), st.floats(0, 1), st.integers(0, 999))
 def test_matches_slow_reference(T, N, gamma, lam, seed):
     gen = torch.Generator().manual_seed(seed)
     r, v, nv, term, trunc = rollout(T, N, gen, 0.2, 0.1)
     adv, _ = gae(r, v, nv, term, trunc, gamma, lam)
+    # float64, |adv| < ~250 (<= 12 deltas of randn terms): the two summation orders differ by
+    # < 1e-12; atol is the floor where adv is near 0 and rtol * |adv| alone would be ~0.
     assert torch.allclose(adv, slow_gae(r, v, nv, term, trunc, gamma, lam), atol=1e-10)
 
 

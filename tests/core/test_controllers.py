@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from klppo.core.controllers import CONTROLLERS, make_controller
@@ -139,7 +139,6 @@ def test_state_dict_round_trip_continues_identically(name):
     assert a.state_dict() == b.state_dict()
 
 
-@settings(max_examples=50, deadline=None)
 @given(st.sampled_from(sorted(CONTROLLERS)),
        st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=50))
 def test_bounds_always_hold(name, trace):
