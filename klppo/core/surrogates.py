@@ -343,7 +343,10 @@ def per_sample_kl_objective(
     ``beta_t * logp_new`` is, up to a constant, ``-beta_t * k1`` with the sampled
     ``k1 = logp_old - logp_new`` of KL(pi_old || pi_new): a KL penalty whose coefficient varies
     per sample. With ``shape="clip"`` its gradient equals PPO-Clip's (Theorem 1), bit for bit in
-    float32 when the mean is over a power-of-two number of samples. Two conditions are
+    float32 when the mean is over a power-of-two number of samples and no product underflows to
+    a subnormal (where both round on the subnormal grid they may differ by a few 2^-149), except
+    where ``w A`` and ``clip(w) A`` round to the same float32 outside the band: autograd's
+    ``min`` then gives PPO-Clip half the unclipped gradient (a float32 tie, not the theorem). Two conditions are
     load-bearing: ``beta_t`` is detached, and the penalty is the *sampled* log-probability (the
     analytic KL gives a different gradient).
 
