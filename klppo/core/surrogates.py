@@ -346,9 +346,9 @@ def per_sample_kl_objective(
     float32 when the mean is over a power-of-two number of samples and no product underflows to
     a subnormal (where both round on the subnormal grid they may differ by a few 2^-149), except
     where ``w A`` and ``clip(w) A`` round to the same float32 outside the band: autograd's
-    ``min`` then gives PPO-Clip half the unclipped gradient (a float32 tie, not the theorem). Two conditions are
-    load-bearing: ``beta_t`` is detached, and the penalty is the *sampled* log-probability (the
-    analytic KL gives a different gradient).
+    ``min`` then gives PPO-Clip half the unclipped gradient (a float32 tie, not the theorem).
+    Two conditions are load-bearing: ``beta_t`` is detached, and the penalty is the *sampled*
+    log-probability (the analytic KL gives a different gradient).
 
     Args:
         logp_new: ``log pi_new(a|s)`` with gradient, any shape.

@@ -34,12 +34,13 @@ from klppo.rl.envs import (
     make_vector_env,
     restore_env_state,
 )
-from klppo.rl.lifecycle import RunLife, StopGuard
+from klppo.rl.lifecycle import RunLife
 from klppo.rl.monitor import ExplosionMonitor
 from klppo.rl.rollout import Collector
 from klppo.rl.update import Batch, Learner, make_loss
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
+from klppo.runs.signals import StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,6 @@ class _Trainer:
                                torch.Generator().manual_seed(cfg.seed + 2), self.flat, loss)
         self.iteration = 0
         self.global_step = 0
-        self.stop_requested = False
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -227,15 +227,15 @@ def _iterate_and_log(tr: _Trainer, run: RunLife, writer: M.MetricsWriter, monito
 def _loop(tr: _Trainer, run: RunLife, writer: M.MetricsWriter, monitor: ExplosionMonitor,
           on_iteration: Callable[[dict[str, Any]], None] | None) -> str:
     cfg, clock = tr.cfg, (time.perf_counter(), tr.global_step)
-    with StopGuard(tr):
+    with StopRequest() as stop:
         while tr.iteration < cfg.num_iterations:
             m = _iterate_and_log(tr, run, writer, monitor, clock)
             if on_iteration is not None:
                 on_iteration(m)
             last = tr.iteration == cfg.num_iterations
-            if last or tr.iteration % cfg.checkpoint_every == 0 or tr.stop_requested:
+            if last or tr.iteration % cfg.checkpoint_every == 0 or stop.requested:
                 ckpt.save_checkpoint(run.run_dir, tr.state_dict())
-            if tr.stop_requested and not last:
+            if stop.requested and not last:
                 return "interrupted"
     return "finished"
 
