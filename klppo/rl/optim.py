@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["ClippedAdam"]
@@ -76,13 +77,25 @@ class ClippedAdam:
             p.addcdiv_(m, denom, value=-self.lr / (1 - b1**t))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"lr": self.lr, "exp_avg": [t.clone() for t in self.exp_avg],
-                "exp_avg_sq": [t.clone() for t in self.exp_avg_sq],
-                "steps": [t.clone() for t in self.steps]}
+        """``{"lr", "m", "v", "t"}`` with the moments as flat float32 arrays in parameter order:
+        the format of the numpy fast path's Adam too, so checkpoints do not depend on the
+        backend."""
+        flat = lambda ts: np.concatenate([t.detach().reshape(-1).numpy() for t in ts])  # noqa: E731
+        return {"lr": self.lr, "m": flat(self.exp_avg), "v": flat(self.exp_avg_sq),
+                "t": int(self.steps[0]) if self.steps else 0}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.lr = float(s["lr"])
-        for dst, src in ((self.exp_avg, s["exp_avg"]), (self.exp_avg_sq, s["exp_avg_sq"]),
-                         (self.steps, s["steps"])):
-            for d, x in zip(dst, src):
-                d.copy_(x)
+        if "exp_avg" in s:  # checkpoints written before the flat format
+            m, v = (torch.cat([t.reshape(-1) for t in s[k]]).numpy() for k in ("exp_avg",
+                                                                              "exp_avg_sq"))
+            t = int(s["steps"][0]) if s["steps"] else 0
+        else:
+            m, v, t = np.asarray(s["m"]), np.asarray(s["v"]), int(s["t"])
+        at = 0
+        for dm, dv, ds in zip(self.exp_avg, self.exp_avg_sq, self.steps):
+            n = dm.numel()
+            dm.copy_(torch.from_numpy(m[at:at + n].copy()).view(dm.shape))
+            dv.copy_(torch.from_numpy(v[at:at + n].copy()).view(dv.shape))
+            ds.fill_(t)
+            at += n

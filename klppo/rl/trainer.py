@@ -22,9 +22,9 @@ from klppo.core.advantages import gae
 from klppo.core.controllers import make_controller
 from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
-from klppo.nn.fastpath import fast_path_refusal, flatten_parameters
 from klppo.protocol import final_return
 from klppo.rl import checkpoint as ckpt
+from klppo.rl.backends import make_backend
 from klppo.rl.config import ConfigError, TrainConfig, from_dict, to_dict, validate
 from klppo.rl.envs import (
     ObsNormalizer,
@@ -71,15 +71,6 @@ class TrainResult:
         return final_return(self.metrics)
 
 
-def _fast_path_ok(agent: ActorCritic, loss) -> bool:
-    """Whether the numpy fast path (rollout runner and update step) serves this run; when it
-    cannot, say why and use torch autograd for both (never another gradient)."""
-    why = fast_path_refusal(agent, loss)
-    if why is not None:
-        log.warning("numpy fast path off: %s; rolling out and updating with torch", why)
-    return why is None
-
-
 class _Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg = validate(cfg)
@@ -94,8 +85,7 @@ class _Trainer:
         self.agent = ActorCritic(obs_dim, head, n.hidden, n.shared_trunk, n.separate_losses,
                                  n.log_std_init)
         loss = make_loss(cfg)
-        fast = cfg.fast_path and _fast_path_ok(self.agent, loss)
-        self.flat = flatten_parameters(self.agent) if fast else None  # before any views of it
+        backend = make_backend(self.agent, loss, cfg.ppo, cfg.fast_path)  # before any views
         self.controller = make_controller(cfg.kl.controller, **cfg.kl.controller_options())
         self.uses_beta = loss.policy.uses_beta
         r = cfg.rollout
@@ -103,9 +93,9 @@ class _Trainer:
         self.rew_scale = (RewardScaler(r.num_envs, cfg.ppo.gamma, r.clip_reward)
                           if r.norm_reward else None)
         self.collector = Collector(self.env, self.agent, r.num_steps, cfg.seed + 1,
-                                   self.obs_norm, self.rew_scale, fast=fast)
-        self.learner = Learner(cfg, self.agent, self.controller,
-                               torch.Generator().manual_seed(cfg.seed + 2), self.flat, loss)
+                                   self.obs_norm, self.rew_scale, fast=backend.fast)
+        self.learner = Learner(cfg, backend, loss, self.controller,
+                               torch.Generator().manual_seed(cfg.seed + 2))
         self.iteration = 0
         self.global_step = 0
 
@@ -115,7 +105,7 @@ class _Trainer:
             "iteration": self.iteration,
             "global_step": self.global_step,
             "agent": self.agent.state_dict(),
-            "optimizer": self.learner.optimizer.state_dict(),
+            "optimizer": self.learner.backend.state_dict(),
             "controller": self.controller.state_dict(),
             "collector": self.collector.state_dict(),
             "shuffle_generator": self.learner.gen.get_state(),
@@ -129,7 +119,7 @@ class _Trainer:
         """Restore everything; return the problems of the environment restore (empty: exact)."""
         self.iteration, self.global_step = int(s["iteration"]), int(s["global_step"])
         self.agent.load_state_dict(s["agent"])
-        self.learner.optimizer.load_state_dict(s["optimizer"])
+        self.learner.backend.load_state_dict(s["optimizer"])
         self.controller.load_state_dict(s["controller"])
         self.collector.load_state_dict(s["collector"])
         self.learner.gen.set_state(s["shuffle_generator"])
@@ -164,12 +154,7 @@ class _Trainer:
         t1 = time.perf_counter()
         batch = self.advantages()                                              # 2. advantages
         result = self.learner.update(batch)                                    # 3. update
-        kl_rollout = self.learner.rollout_kl(batch)
-        ctrl_updates = result.controller_updates
-        if self.uses_beta and cfg.kl.cadence == "iteration":                   # 4. controller
-            d = kl_rollout if cfg.kl.measure == "rollout" else self.learner.measured_kl(batch)
-            self.controller.update(d, n_steps=cfg.batch_size)
-            ctrl_updates = [self.controller.info.as_dict()]
+        kl_rollout, ctrl_updates = self.learner.end_iteration(batch)           # 4. controller
         t2 = time.perf_counter()
         self.iteration = it
         m: dict[str, Any] = {                                                  # 5. log

@@ -1,14 +1,17 @@
-"""The PPO update phase: epochs of minibatch steps over one rollout, with controller cadence.
+"""The PPO update phase: ONE loop of epochs and minibatch steps over a step backend.
 
-The minibatch loop does only what the step needs (forward, loss, fused clipped Adam step) and
-keeps the detached per-sample outputs; the diagnostics (docs/metrics.md) are computed once per
-iteration over all of them (:meth:`Learner.update`), which gives the same means as averaging
-per-minibatch values and costs one vectorised pass instead of dozens of tiny ops per step.
+``Learner.update`` reads top to bottom: for each epoch a fresh permutation, for each minibatch
+an optional early-stop check, one backend step (:mod:`klppo.rl.backends`: torch autograd or the
+numpy fast path, same contract), then the :class:`Schedule`, which owns the controller cadence
+(minibatch / epoch / iteration) and both early stops. The steps keep their detached per-sample
+outputs; the diagnostics (docs/metrics.md) are computed once per iteration over all of them,
+which gives the same means as averaging per-minibatch values at a fraction of the cost.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,12 +22,12 @@ from klppo.core.controllers import KLController
 from klppo.core.diagnostics import policy_diagnostics
 from klppo.core.loss import PPOLoss
 from klppo.core.values import value_loss
-from klppo.nn.actor_critic import ActorCritic
-from klppo.nn.fastpath import FastStep
+from klppo.rl.backends import StepResult
 from klppo.rl.config import TrainConfig
-from klppo.rl.optim import ClippedAdam
 
-__all__ = ["Batch", "UpdateResult", "Learner", "make_loss"]
+__all__ = ["Batch", "UpdateResult", "Schedule", "Learner", "make_loss"]
+
+_KEEP = ("idx", "logp", "values", "entropy", "kl", "adv", "grad_norm")
 
 
 def make_loss(cfg: TrainConfig) -> PPOLoss:
@@ -61,154 +64,126 @@ class UpdateResult:
     controller_updates: list[dict] = field(default_factory=list)
 
 
-class Learner:
-    """Owns the optimiser and applies the update epochs. The controller is updated here, at the
-    configured cadence, from the KL measured on the minibatches (never inside the loss)."""
+class Schedule:
+    """When the controller updates (after every minibatch, epoch or iteration), from which KL,
+    and when the update stops early (SB3's minibatch rule: skip a step whose k3 exceeds
+    ``1.5 target_kl``; CleanRL's epoch rule: stop after an epoch whose last step's k3 exceeded
+    ``target_kl``). One instance per update; ``updates`` lists the controller's records."""
 
-    def __init__(self, cfg: TrainConfig, agent: ActorCritic, controller: KLController,
-                 generator: torch.Generator,
-                 flat: tuple[np.ndarray, list[tuple[int, int]]] | None = None,
-                 loss: PPOLoss | None = None) -> None:
-        p = cfg.ppo
-        self.cfg = cfg
-        self.agent = agent
-        self.head = agent.head
-        self.controller = controller
-        self.gen = generator
-        self.loss = loss if loss is not None else make_loss(cfg)
-        self.uses_beta = self.loss.policy.uses_beta
-        self.params = [q for q in agent.parameters() if q.requires_grad]
-        if flat is not None:  # numpy fast path (klppo.nn.fastpath); same math
-            self.optimizer = FastStep(agent, self.loss, p.lr, p.adam_eps, p.max_grad_norm,
-                                      *flat)
+    def __init__(self, cfg: TrainConfig, controller: KLController, uses_beta: bool) -> None:
+        self.cfg, self.controller, self.uses_beta = cfg, controller, uses_beta
+        self.updates: list[dict] = []
+        self.epoch_kls: list[Any] = []
+        self.last_kl: Any = None
+        self.early_stopped = False
+
+    def _update(self, kl: Any, n_steps: int) -> None:
+        self.controller.update(float(kl), n_steps=n_steps)
+        self.updates.append(self.controller.info.as_dict())
+
+    def beta(self) -> float:
+        return self.controller.value if self.uses_beta else 0.0
+
+    def start_epoch(self) -> None:
+        self.epoch_kls = []  # an iteration-cadence epoch mean reads the last epoch's
+
+    def skip_minibatch(self, k3: Any) -> bool:
+        """Minibatch early stop; ``k3`` is called only when that rule is on."""
+        p = self.cfg.ppo
+        if p.early_stop == "minibatch" and k3() > 1.5 * p.target_kl:
+            self.early_stopped = True
+        return self.early_stopped
+
+    def after_step(self, r: StepResult, n: int) -> None:
+        if not self.uses_beta:  # no controller reads the minibatch KL
+            return
+        self.last_kl = r.controller_kl
+        self.epoch_kls.append(self.last_kl)
+        if self.cfg.kl.cadence == "minibatch":
+            self._update(self.last_kl, n)
+
+    def after_epoch(self, last: StepResult | None, batch: Batch) -> bool:
+        """Epoch-cadence controller update and the epoch early stop; True: stop the update."""
+        k = self.cfg.kl
+        if self.uses_beta and k.cadence == "epoch":
+            d = _concat(self.epoch_kls).mean() if k.measure == "epoch_mean" else self.last_kl
+            self._update(d, len(batch))
+        if self.cfg.ppo.early_stop == "epoch" and last is not None:
+            log_r = torch.as_tensor(last.logp) - batch.logp[torch.as_tensor(last.idx)]
+            if float((log_r.expm1() - log_r).mean()) > self.cfg.ppo.target_kl:
+                self.early_stopped = True
+        return self.early_stopped
+
+    def after_iteration(self, rollout_kl: float, batch_size: int) -> None:
+        """Iteration-cadence update from the rollout KL, the last minibatch's or the last
+        epoch's mean (``kl.measure``)."""
+        k = self.cfg.kl
+        if not (self.uses_beta and k.cadence == "iteration"):
+            return
+        if k.measure == "rollout" or self.last_kl is None:
+            d = rollout_kl
+        elif k.measure == "epoch_mean":
+            d = _concat(self.epoch_kls).mean()
         else:
-            self.optimizer = ClippedAdam(self.params, lr=p.lr, eps=p.adam_eps,
-                                         max_norm=p.max_grad_norm)
-        self.fast = flat is not None
-        self._epoch_kls: list[torch.Tensor] = []
-        self._last_kl: torch.Tensor | None = None
+            d = self.last_kl
+        self._update(d, batch_size)
+
+
+class Learner:
+    """Applies the update epochs with a step backend; the controller is updated by the
+    :class:`Schedule` from the KL measured on the minibatches (never inside the loss)."""
+
+    def __init__(self, cfg: TrainConfig, backend: Any, loss: PPOLoss,
+                 controller: KLController, generator: torch.Generator) -> None:
+        self.cfg, self.backend, self.loss = cfg, backend, loss
+        self.controller, self.gen = controller, generator
+        self.uses_beta = loss.policy.uses_beta
+        self.schedule = Schedule(cfg, controller, self.uses_beta)
 
     def set_lr(self, lr: float) -> None:
-        self.optimizer.set_lr(lr)
-
-    def _minibatch_kl(self, out: dict[str, torch.Tensor], kl: torch.Tensor) -> torch.Tensor:
-        """KL(old || new) fed to a minibatch/epoch-cadence controller, nats per sample: the KL the
-        penalty uses (analytic or the sampled estimator), else the analytic KL."""
-        return out["kl_penalty"] if "kl_penalty" in out else kl.detach().mean()
+        self.backend.set_lr(lr)
 
     def update(self, batch: Batch) -> UpdateResult:
-        p, kcfg = self.cfg.ppo, self.cfg.kl
+        p, B = self.cfg.ppo, len(batch)
         adv = normalize_advantage(batch.advantages) if p.norm_adv == "rollout" else batch.advantages
-        B, mb = len(batch), p.minibatch_size
-        keep: dict[str, list[torch.Tensor]] = {k: [] for k in (
-            "idx", "logp", "values", "entropy", "kl", "adv", "loss", "loss_objective",
-            "loss_critic", "loss_entropy", "grad_norm")}
-        ctrl_updates: list[dict] = []
-        early_stopped, epochs_done, stop = 0.0, 0, False
-        needs_kl = self.loss.needs_analytic_kl
-        if self.fast:
-            npb = {k: getattr(batch, k).numpy() for k in ("obs", "actions", "logp", "params",
-                                                           "values", "returns")}
-            np_adv = adv.numpy()
+        self.schedule = sched = Schedule(self.cfg, self.controller, self.uses_beta)
+        self.backend.begin(batch, adv)
+        steps: list[StepResult] = []
+        epochs = 0
         with validation(False):  # inputs come from a checked rollout; the result is checked below
             for _epoch in range(p.update_epochs):
-                perm = torch.randperm(B, generator=self.gen)
-                self._epoch_kls = []
-                steps_before = len(keep["idx"])
-                for start in range(0, B, mb):
-                    idx = perm[start:start + mb]
-                    beta = self.controller.value if self.uses_beta else 0.0
-                    if self.fast:
-                        i = idx.numpy()
-                        if p.early_stop == "minibatch" and self._k3_too_high(
-                                batch, idx, npb, i, p.target_kl):
-                            early_stopped, stop = 1.0, True
-                            break
-                        a_i = np.take(np_adv, i)
-                        r = self.optimizer.step(*(np.take(npb[k], i, axis=0) for k in (
-                            "obs", "actions", "params", "logp")), a_i, np.take(npb["returns"], i),
-                            np.take(npb["values"], i), beta, p.ent_coef > 0, needs_kl)
-                        self._record(keep, i, r["logp"], r["values"], r["entropy"], r["kl"],
-                                     a_i, r["grad_norm"], r)
-                        if not self.uses_beta:  # no controller reads the minibatch KL
-                            continue
-                        self._last_kl = r["kl_penalty"]  # every beta objective has the term
-                        self._epoch_kls.append(self._last_kl)
-                        if kcfg.cadence == "minibatch":
-                            self.controller.update(float(self._last_kl), n_steps=mb)
-                            ctrl_updates.append(self.controller.info.as_dict())
-                        continue
-                    params, values = self.agent(batch.obs[idx])
-                    logp_new = self.head.log_prob(params, batch.actions[idx])
-                    with torch.set_grad_enabled(p.ent_coef > 0):
-                        entropy = self.head.entropy(params)
-                    with torch.set_grad_enabled(needs_kl):
-                        kl = self.head.kl(batch.params[idx], params)
-                    out = self.loss(logp_new, batch.logp[idx], adv[idx], values,
-                                    batch.returns[idx], batch.values[idx], entropy,
-                                    kl if needs_kl else None, beta, diagnostics=False)
-                    if p.early_stop == "minibatch":
-                        lr_ = logp_new.detach() - batch.logp[idx]
-                        if float((lr_.expm1() - lr_).mean()) > 1.5 * p.target_kl:
-                            early_stopped, stop = 1.0, True
-                            break
-                    grad_norm = self.optimizer.step(out["loss"])
-                    self._record(keep, idx, logp_new, values, entropy, kl, adv[idx], grad_norm,
-                                 out)
-                    self._last_kl = self._minibatch_kl(out, kl)
-                    self._epoch_kls.append(self._last_kl)
-                    if kcfg.cadence == "minibatch" and self.uses_beta:
-                        self.controller.update(float(self._last_kl), n_steps=mb)
-                        ctrl_updates.append(self.controller.info.as_dict())
-                epochs_done += 1
-                if stop or len(keep["idx"]) == steps_before:
-                    break
-                if kcfg.cadence == "epoch" and self.uses_beta:
-                    d = (_concat(self._epoch_kls).mean() if kcfg.measure == "epoch_mean"
-                         else self._last_kl)
-                    self.controller.update(float(d), n_steps=B)
-                    ctrl_updates.append(self.controller.info.as_dict())
-                if p.early_stop == "epoch":
-                    last_idx, last_logp = (torch.as_tensor(keep[k][-1]) for k in ("idx", "logp"))
-                    lr_ = last_logp - batch.logp[last_idx]
-                    if float((lr_.expm1() - lr_).mean()) > p.target_kl:
-                        early_stopped = 1.0
+                perm, before = torch.randperm(B, generator=self.gen), len(steps)
+                sched.start_epoch()
+                for start in range(0, B, p.minibatch_size):
+                    idx = perm[start:start + p.minibatch_size]
+                    if sched.skip_minibatch(lambda i=idx: self.backend.k3(i)):
                         break
-        with validation(False):  # the loss was checked; everything else derives from the rollout
-            metrics = self._diagnostics(batch, keep)
-        metrics.update(early_stop=early_stopped, epochs=float(epochs_done),
-                       minibatch_steps=float(len(keep["idx"])))
-        return UpdateResult(metrics, ctrl_updates)
+                    steps.append(self.backend.step(idx, sched.beta()))
+                    sched.after_step(steps[-1], len(idx))
+                epochs += 1
+                if sched.early_stopped or len(steps) == before:
+                    break
+                if sched.after_epoch(steps[-1], batch):
+                    break
+            metrics = self._diagnostics(batch, steps)
+        metrics.update(early_stop=float(sched.early_stopped), epochs=float(epochs),
+                       minibatch_steps=float(len(steps)))
+        return UpdateResult(metrics, sched.updates)
 
-    @staticmethod
-    def _record(keep, idx, logp_new, values, entropy, kl, adv, grad_norm, out) -> None:
-        """Keep one step's detached outputs: tensors (torch path) or numpy arrays and floats
-        (fast path); :func:`_concat` joins either kind."""
-        for k, v in (("idx", idx), ("logp", logp_new), ("values", values),
-                     ("entropy", entropy), ("kl", kl), ("adv", adv),
-                     ("grad_norm", grad_norm), ("loss", out["loss"]),
-                     ("loss_objective", out["loss_objective"]),
-                     ("loss_critic", out["loss_critic"]),
-                     ("loss_entropy", out["loss_entropy"])):
-            keep[k].append(v.detach() if isinstance(v, torch.Tensor) else v)
-        if "kl_penalty" in out:
-            v = out["kl_penalty"]
-            keep.setdefault("kl_penalty", []).append(
-                v.detach() if isinstance(v, torch.Tensor) else v)
-
-    def _k3_too_high(self, batch, idx, npb, i, target_kl) -> bool:
-        """SB3's minibatch early stop, checked before the step: k3 > 1.5 target."""
-        with torch.no_grad():
-            params = self.agent.policy_params(batch.obs[idx])
-            lr_ = self.head.log_prob(params, batch.actions[idx]) - batch.logp[idx]
-        return float((lr_.expm1() - lr_).mean()) > 1.5 * target_kl
+    def end_iteration(self, batch: Batch) -> tuple[float, list[dict]]:
+        """The rollout KL after the update, and the iteration-cadence controller update."""
+        kl = self.backend.policy_kl(batch)
+        self.schedule.after_iteration(kl, len(batch))
+        return kl, self.schedule.updates
 
     @torch.no_grad()
-    def _diagnostics(self, batch: Batch, keep: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+    def _diagnostics(self, batch: Batch, steps: list[StepResult]) -> dict[str, float]:
         """The policy diagnostics (docs/metrics.md) over every sample of every minibatch step."""
-        if not keep["idx"]:
+        if not steps:
             return {}
-        cat = {k: _concat(v) for k, v in keep.items()}
+        cat = {k: _concat([getattr(r, k) for r in steps]) for k in _KEEP}
+        for k in steps[0].terms:
+            cat[k] = _concat([r.terms[k] for r in steps])
         if not bool(torch.isfinite(cat["loss"]).all()):
             raise FloatingPointError("the PPO loss became non-finite during the update")
         idx = cat["idx"]
@@ -227,23 +202,6 @@ class Learner:
             if k in cat:
                 d[k] = cat[k].mean()
         return {k: float(v) for k, v in d.items()}
-
-    @torch.no_grad()
-    def rollout_kl(self, batch: Batch) -> float:
-        """Analytic KL(rollout policy || updated policy), per-sample mean over the rollout."""
-        if self.fast:
-            return self.optimizer.policy_kl(batch.obs.numpy(), batch.params.numpy())
-        params = self.agent.policy_params(batch.obs)
-        return float(self.head.kl(batch.params, params).mean())
-
-    def measured_kl(self, batch: Batch) -> float:
-        """The KL for the iteration-cadence controller update, per ``kl.measure``."""
-        m = self.cfg.kl.measure
-        if m == "rollout" or self._last_kl is None:
-            return self.rollout_kl(batch)
-        if m == "epoch_mean":
-            return float(_concat(self._epoch_kls).mean())
-        return float(self._last_kl)
 
 
 def _concat(parts: list) -> torch.Tensor:

@@ -219,5 +219,6 @@ def test_fast_path_off_uses_no_numpy_runner(tmp_path):
 
     cfg = dataclasses.replace(rl.preset("klip/cartpole"), fast_path=False, tensorboard=False)
     tr = _Trainer(cfg, tmp_path)
-    assert isinstance(tr.collector.runner, TorchRunner) and tr.flat is None
+    assert isinstance(tr.collector.runner, TorchRunner)
+    assert not tr.learner.backend.fast
     tr.env.close()

@@ -1,0 +1,169 @@
+"""Two step backends behind one contract, and the one factory that chooses them.
+
+A backend applies one PPO minibatch step: ``begin(batch, advantages)`` once per update, then
+``step(idx, beta) -> StepResult`` per minibatch. :class:`TorchStep` runs torch autograd and
+:class:`ClippedAdam` on any ``ActorCritic``; :class:`NumpyStep` runs the numpy fast path
+(:mod:`klppo.nn.fastpath`: MLP forward/backward and Adam in numpy, the loss gradient from the core's
+objective). Both keep their optimiser state in one format (flat Adam moments, see
+:meth:`ClippedAdam.state_dict`), so a checkpoint does not depend on the backend that wrote it.
+
+:func:`make_backend` picks the numpy backend when ``fast_path`` is on and the fast path can serve
+the network and objective; otherwise torch, with the reason logged. The rollout runner follows the
+same choice (``backend.fast``), so ``fast_path=False`` runs no numpy code at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from klppo.core.loss import PPOLoss
+from klppo.nn.actor_critic import ActorCritic
+from klppo.nn.fastpath import FastStep, fast_path_refusal, flatten_parameters
+from klppo.rl.config import PPOConfig
+from klppo.rl.optim import ClippedAdam
+
+log = logging.getLogger(__name__)
+
+__all__ = ["StepResult", "TorchStep", "NumpyStep", "make_backend"]
+
+
+@dataclass
+class StepResult:
+    """One step's detached per-sample outputs (tensors or numpy arrays), its loss terms (0-d
+    tensors or floats) and the pre-clip gradient norm."""
+
+    idx: Any
+    logp: Any
+    values: Any
+    entropy: Any
+    kl: Any
+    adv: Any
+    grad_norm: Any
+    terms: dict[str, Any]
+
+    @property
+    def controller_kl(self) -> Any:
+        """KL(old || new) for a minibatch/epoch-cadence controller, nats per sample: the KL the
+        penalty used (analytic or sampled), else the mean analytic KL."""
+        if "kl_penalty" in self.terms:
+            return self.terms["kl_penalty"]
+        return self.kl.mean() if isinstance(self.kl, torch.Tensor) else float(np.mean(self.kl))
+
+
+def _k3(log_r: torch.Tensor) -> float:
+    return float((log_r.expm1() - log_r).mean())
+
+
+class TorchStep:
+    """Autograd through ``PPOLoss`` and a fused clipped Adam; any network."""
+
+    fast = False
+
+    def __init__(self, agent: ActorCritic, loss: PPOLoss, p: PPOConfig) -> None:
+        self.agent, self.head, self.loss, self.p = agent, agent.head, loss, p
+        params = [q for q in agent.parameters() if q.requires_grad]
+        self.optimizer = ClippedAdam(params, lr=p.lr, eps=p.adam_eps, max_norm=p.max_grad_norm)
+
+    def begin(self, batch: Any, adv: torch.Tensor) -> None:
+        self.batch, self.adv = batch, adv
+
+    def k3(self, idx: torch.Tensor) -> float:
+        """Sampled k3 KL(old || current) on a minibatch, before stepping on it."""
+        b = self.batch
+        with torch.no_grad():
+            params = self.agent.policy_params(b.obs[idx])
+            return _k3(self.head.log_prob(params, b.actions[idx]) - b.logp[idx])
+
+    def step(self, idx: torch.Tensor, beta: float) -> StepResult:
+        b, needs_kl = self.batch, self.loss.needs_analytic_kl
+        params, values = self.agent(b.obs[idx])
+        logp_new = self.head.log_prob(params, b.actions[idx])
+        with torch.set_grad_enabled(self.p.ent_coef > 0):
+            entropy = self.head.entropy(params)
+        with torch.set_grad_enabled(needs_kl):
+            kl = self.head.kl(b.params[idx], params)
+        out = self.loss(logp_new, b.logp[idx], self.adv[idx], values, b.returns[idx],
+                        b.values[idx], entropy, kl if needs_kl else None, beta, diagnostics=False)
+        grad_norm = self.optimizer.step(out["loss"])
+        terms = {k: out[k].detach() for k in ("loss", "loss_objective", "loss_critic",
+                                              "loss_entropy", "kl_penalty") if k in out}
+        return StepResult(idx, logp_new.detach(), values.detach(), entropy.detach(),
+                          kl.detach(), self.adv[idx], grad_norm, terms)
+
+    @torch.no_grad()
+    def policy_kl(self, batch: Any) -> float:
+        """Analytic KL(rollout policy || current policy), mean over the rollout."""
+        return float(self.head.kl(batch.params, self.agent.policy_params(batch.obs)).mean())
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.set_lr(lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(s)
+
+
+class NumpyStep:
+    """The numpy fast path (:class:`~klppo.nn.fastpath.FastStep`) on the same contract."""
+
+    fast = True
+
+    def __init__(self, agent: ActorCritic, loss: PPOLoss, p: PPOConfig) -> None:
+        self.agent, self.loss, self.p = agent, loss, p
+        flat, spans = flatten_parameters(agent)  # before anything takes views of the weights
+        self.optimizer = FastStep(agent, loss, p.lr, p.adam_eps, p.max_grad_norm, flat, spans)
+
+    def begin(self, batch: Any, adv: torch.Tensor) -> None:
+        self.batch = batch
+        self.np = {k: getattr(batch, k).numpy() for k in ("obs", "actions", "logp", "params",
+                                                          "values", "returns")}
+        self.adv = adv.numpy()
+
+    def k3(self, idx: torch.Tensor) -> float:
+        b = self.batch
+        with torch.no_grad():
+            params = self.agent.policy_params(b.obs[idx])
+            return _k3(self.agent.head.log_prob(params, b.actions[idx]) - b.logp[idx])
+
+    def step(self, idx: torch.Tensor, beta: float) -> StepResult:
+        i, npb = idx.numpy(), self.np
+        a_i = np.take(self.adv, i)
+        r = self.optimizer.step(
+            *(np.take(npb[k], i, axis=0) for k in ("obs", "actions", "params", "logp")), a_i,
+            np.take(npb["returns"], i), np.take(npb["values"], i), beta, self.p.ent_coef > 0,
+            self.loss.needs_analytic_kl)
+        terms = {k: r[k] for k in ("loss", "loss_objective", "loss_critic", "loss_entropy",
+                                   "kl_penalty") if k in r}
+        return StepResult(i, r["logp"], r["values"], r["entropy"], r["kl"], a_i,
+                          r["grad_norm"], terms)
+
+    def policy_kl(self, batch: Any) -> float:
+        return self.optimizer.policy_kl(batch.obs.numpy(), batch.params.numpy())
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.set_lr(lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(s)
+
+
+def make_backend(agent: ActorCritic, loss: PPOLoss, p: PPOConfig,
+                 fast_path: bool) -> TorchStep | NumpyStep:
+    """The numpy backend when asked for and able to serve this network and objective exactly;
+    else torch (the reason logged when the fast path was asked for)."""
+    if fast_path:
+        why = fast_path_refusal(agent, loss)
+        if why is None:
+            return NumpyStep(agent, loss, p)
+        log.warning("numpy fast path off: %s; rolling out and updating with torch", why)
+    return TorchStep(agent, loss, p)
