@@ -175,43 +175,59 @@ class FastStep:
         a_acts = self._forward(self.actor, obs, "actor")
         c_acts = self._forward(self.critic, obs, "critic")
         out, value = a_acts[-1], c_acts[-1][:, 0].copy()  # buffers are reused: copy what leaves
-        n = obs.shape[0]
-        if self.categorical:
-            z = out - row_max(out)
-            ez = np.exp(z)
-            s = row_sum(ez)
-            logp_all = z - np.log(s)
-            p = ez / s
-            rows = self._rows(n)
-            logp = logp_all[rows, actions]
-            entropy = -row_sum(p * logp_all)[:, 0]
-            zo = old_params - row_max(old_params)
-            logp_old_all = zo - np.log(row_sum(np.exp(zo)))
-            p_old = np.exp(logp_old_all)
-            kl = row_sum(p_old * (logp_old_all - logp_all))[:, 0]
-        else:
-            d = out.shape[1]
-            log_std = self.log_std
-            inv_std = np.exp(-log_std)
-            zz = (actions - out) * inv_std
-            logp = (-0.5 * zz * zz - log_std - _HALF_LOG_2PI).sum(1)
-            entropy = np.full(n, (log_std + 0.5 + _HALF_LOG_2PI).sum(), np.float32)
-            mo, lso = old_params[:, :d], old_params[:, d:]
-            var_ratio = np.exp(2 * (lso - log_std))
-            diff = mo - out
-            kl = 0.5 * (var_ratio + diff * diff * inv_std**2 - 1 - 2 * (lso - log_std)).sum(1)
+        head = self._categorical if self.categorical else self._gaussian
+        logp, entropy, kl, backward = head(out, actions, old_params)
         terms, g_logp, g_val, g_ent, g_kl = _loss_grads(
             self.loss, logp.astype(np.float32, copy=False), logp_old, adv, value, returns,
             old_values, entropy, kl.astype(np.float32, copy=False), beta)
-        # ---- head backward
-        if self.categorical:
+        g_out = backward(g_logp, g_ent, g_kl)
+        self._backward(self.actor, a_acts, g_out.astype(np.float32, copy=False), "actor")
+        self._backward(self.critic, c_acts, np.ascontiguousarray(g_val[:, None]), "critic")
+        norm = self._clip_and_adam()
+        return {"logp": logp, "values": value, "entropy": entropy, "kl": kl, "grad_norm": norm,
+                **terms}
+
+    def _categorical(self, out, actions, old_params):
+        """Log-prob, entropy and KL(old || new) of softmax logits, and their backward."""
+        z = out - row_max(out)
+        ez = np.exp(z)
+        s = row_sum(ez)
+        logp_all = z - np.log(s)
+        p = ez / s
+        rows = self._rows(out.shape[0])
+        logp = logp_all[rows, actions]
+        entropy = -row_sum(p * logp_all)[:, 0]
+        zo = old_params - row_max(old_params)
+        logp_old_all = zo - np.log(row_sum(np.exp(zo)))
+        p_old = np.exp(logp_old_all)
+        kl = row_sum(p_old * (logp_old_all - logp_all))[:, 0]
+
+        def backward(g_logp, g_ent, g_kl):
             g_out = -g_logp[:, None] * p
             g_out[rows, actions] += g_logp
             if g_ent is not None:
                 g_out -= g_ent[:, None] * p * (logp_all + entropy[:, None])
             if g_kl is not None:
                 g_out += g_kl[:, None] * (p - p_old)
-        else:
+            return g_out
+
+        return logp, entropy, kl, backward
+
+    def _gaussian(self, out, actions, old_params):
+        """The same for a diagonal Gaussian with a state-independent log-std (its gradient goes
+        straight into the flat buffer)."""
+        n, d = out.shape
+        log_std = self.log_std
+        inv_std = np.exp(-log_std)
+        zz = (actions - out) * inv_std
+        logp = (-0.5 * zz * zz - log_std - _HALF_LOG_2PI).sum(1)
+        entropy = np.full(n, (log_std + 0.5 + _HALF_LOG_2PI).sum(), np.float32)
+        mo, lso = old_params[:, :d], old_params[:, d:]
+        var_ratio = np.exp(2 * (lso - log_std))
+        diff = mo - out
+        kl = 0.5 * (var_ratio + diff * diff * inv_std**2 - 1 - 2 * (lso - log_std)).sum(1)
+
+        def backward(g_logp, g_ent, g_kl):
             g_out = g_logp[:, None] * zz * inv_std
             g_ls = (g_logp[:, None] * (zz * zz - 1)).sum(0)
             if g_ent is not None:
@@ -220,9 +236,12 @@ class FastStep:
                 g_out -= g_kl[:, None] * diff * inv_std**2
                 g_ls += (g_kl[:, None] * (1 - var_ratio - diff * diff * inv_std**2)).sum(0)
             self.g_log_std[:] = g_ls
-        self._backward(self.actor, a_acts, g_out.astype(np.float32, copy=False), "actor")
-        self._backward(self.critic, c_acts, np.ascontiguousarray(g_val[:, None]), "critic")
-        # ---- clip and Adam on the flat buffer
+            return g_out
+
+        return logp, entropy, kl, backward
+
+    def _clip_and_adam(self) -> float:
+        """Global-norm clip and Adam on the flat buffers, in place; the pre-clip norm."""
         g = self.grad
         norm = float(np.sqrt(np.dot(g, g)))
         coef = self.max_norm / (norm + 1e-6)
@@ -244,8 +263,7 @@ class FastStep:
         np.multiply(self.m, np.float32(self.lr / (1 - b1**self.t)), out=t)
         np.divide(t, denom, out=t)
         self.flat -= t                                # p -= lr_t m / (sqrt(v_hat) + eps)
-        return {"logp": logp, "values": value, "entropy": entropy, "kl": kl, "grad_norm": norm,
-                **terms}
+        return norm
 
     def policy_kl(self, obs: np.ndarray, old_params: np.ndarray) -> float:
         """Mean analytic KL(old || current) over ``obs`` (nats per sample), numpy forward."""

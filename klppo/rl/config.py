@@ -205,7 +205,7 @@ def _bad(field_name: str, value: Any, why: str) -> ConfigError:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check every field once, early; raise :class:`ConfigError` naming the field and value."""
-    r, p, k = cfg.rollout, cfg.ppo, cfg.kl
+    r, p = cfg.rollout, cfg.ppo
     positive_ints = {
         "total_steps": cfg.total_steps, "checkpoint_every": cfg.checkpoint_every,
         "torch_threads": cfg.torch_threads, "rollout.num_envs": r.num_envs,
@@ -217,6 +217,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise _bad(name, v, "must be an integer >= 1")
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or not 0 <= cfg.seed < 2**32:
         raise _bad("seed", cfg.seed, "must be an integer in [0, 2**32)")
+    _validate_choices(cfg)
+    _validate_numbers(cfg)
+    _validate_kl(cfg)
+    return cfg
+
+
+def _validate_choices(cfg: TrainConfig) -> None:
+    p = cfg.ppo
     if cfg.objective not in OBJECTIVES:
         raise _bad("objective", cfg.objective, f"must be one of {sorted(OBJECTIVES)}")
     if p.shape not in SHAPES:
@@ -229,6 +237,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.total_steps < cfg.batch_size:
         raise _bad("total_steps", cfg.total_steps,
                    f"is less than one rollout (num_envs * num_steps = {cfg.batch_size})")
+
+
+def _validate_numbers(cfg: TrainConfig) -> None:
+    r, p = cfg.rollout, cfg.ppo
     for name, v in (("ppo.eps", p.eps), ("ppo.lr", p.lr), ("ppo.adam_eps", p.adam_eps),
                     ("ppo.max_grad_norm", p.max_grad_norm), ("rollout.clip_obs", r.clip_obs),
                     ("rollout.clip_reward", r.clip_reward)):
@@ -249,6 +261,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise _bad(name, v, "must be finite and >= 0")
     if p.early_stop != "none" and p.target_kl is None:
         raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
+
+
+def _validate_kl(cfg: TrainConfig) -> None:
+    k = cfg.kl
     if k.controller not in CONTROLLERS:
         raise _bad("kl.controller", k.controller, f"must be one of {sorted(CONTROLLERS)}")
     if k.measure == "rollout" and k.cadence != "iteration":
@@ -266,7 +282,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         make_controller(k.controller, **k.controller_options())
     except ValueError as e:
         raise ConfigError(f"kl: {e}") from None
-    return cfg
 
 
 # ------------------------------------------------------------------------------------ presets
