@@ -72,7 +72,7 @@ def _key_value(flag: str, item: str, form: str) -> tuple[str, str]:
 
 def spec_from_args(args: argparse.Namespace):
     """The sweep spec the flags ask for (raises ConfigError naming the flag or file)."""
-    from klppo.runs.sweep import SweepSpec, load_spec
+    from klppo.experiments.sweep import SweepSpec, load_spec
 
     if args.spec:
         spec = load_spec(args.spec)
@@ -133,7 +133,7 @@ def _summary(res, out: str) -> int:
 
 
 def _run_sweep(spec, out: str, backend: str, workers: int | None) -> int:
-    from klppo.runs.sweep import expand, run_sweep
+    from klppo.experiments.sweep import expand, run_sweep
 
     n = len(expand(spec))
     print(f"sweep: {n} runs into {out} (backend {backend})", flush=True)
@@ -199,7 +199,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from klppo.runs.sweep import DEMO_SPEC
+    from klppo.experiments.sweep import DEMO_SPEC
 
     t0 = time.perf_counter()
 

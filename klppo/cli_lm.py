@@ -184,7 +184,7 @@ def _compare_configs(a: argparse.Namespace) -> dict:
     import math
 
     from klppo.core.controllers import CONTROLLERS
-    from klppo.lm.compare import arms
+    from klppo.experiments.rlhf_compare import arms
     from klppo.lm.config import ConfigError, RLHFConfig, config_from_dict
     from klppo.lm.model import check_model_dir
     from klppo.runs.paths import check_writable
@@ -207,7 +207,7 @@ def _compare_configs(a: argparse.Namespace) -> dict:
 
 
 def run_compare(argv: list[str]) -> int:
-    from klppo.lm.compare import run_compare as go
+    from klppo.experiments.rlhf_compare import run_compare as go
     from klppo.report.lm import lm_report
 
     a = _compare_parser().parse_args(argv)

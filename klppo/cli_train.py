@@ -60,10 +60,10 @@ def _load_base(known: argparse.Namespace):
 def _errors() -> tuple[type[BaseException], ...]:
     """Everything a user's input or a failed run raises: printed as one line."""
     from klppo.rl import config as C
-    from klppo.rl.checkpoint import CheckpointError
     from klppo.rl.envs import EnvError
     from klppo.rl.trainer import ResumeError, TrainingError
     from klppo.runs import rundir as R
+    from klppo.runs.checkpoint import CheckpointError
     from klppo.runs.configfile import InputError
 
     return (C.ConfigError, InputError, R.DirBusyError, CheckpointError, EnvError,

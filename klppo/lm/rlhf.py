@@ -151,7 +151,7 @@ def _loop(exp: Experiment, run_dir: Path, on_iteration: OnIteration) -> str:
 def _save(exp: Experiment, run_dir: Path) -> None:
     """Export the policy (a Hugging Face directory), then write the checkpoint atomically: a
     checkpoint on disk implies a policy export at least as new."""
-    from klppo.rl.checkpoint import save_checkpoint
+    from klppo.runs.checkpoint import save_checkpoint
 
     tmp, final = run_dir / ".policy.tmp", run_dir / "policy"
     shutil.rmtree(tmp, ignore_errors=True)

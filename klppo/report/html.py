@@ -27,7 +27,7 @@ def _num(x: float, fmt: str = ".1f") -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
-def _img(path: Path) -> str:
+def img_tag(path: Path) -> str:
     data = base64.b64encode(Path(path).read_bytes()).decode()
     return f'<img alt="{html.escape(Path(path).stem)}" src="data:image/png;base64,{data}">'
 
@@ -63,7 +63,7 @@ def render_html(summaries, equivalences, figures, runs, skipped, notes) -> str:
                      "per_sample_kl run.</p>")
     parts.append("<h2>Figures</h2>")
     for caption, path in figures:
-        parts.append(f"<figure>{_img(path)}<figcaption>{e(caption)}</figcaption></figure>")
+        parts.append(f"<figure>{img_tag(path)}<figcaption>{e(caption)}</figcaption></figure>")
     if skipped or notes:
         parts.append("<h2>Skipped and notes</h2><ul>")
         parts += [f"<li><b>skipped</b> {e(p)}: {e(why)}</li>" for p, why in skipped]

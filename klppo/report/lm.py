@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from klppo.report.figures import save  # noqa: E402
-from klppo.report.html import CSS, _img  # noqa: E402
+from klppo.report.html import CSS, img_tag  # noqa: E402
 from klppo.runs.metrics import read_metrics  # noqa: E402
 
 __all__ = ["ArmSummary", "lm_report", "summarize_arm"]
@@ -130,7 +130,7 @@ def lm_report(compare_dir: str | Path, out_dir: str | Path) -> tuple[Path, list[
                      f"</td><td>{s.score_second_half:.3f}</td><td>{s.final_beta:.4g}</td>"
                      f"<td>{s.final_perplexity:.1f}</td><td>{s.distinct_2:.3f}</td></tr>")
     parts.append("</table><h2>Curves</h2>")
-    parts += [f"<figure>{_img(p)}<figcaption>{e(c)}</figcaption></figure>" for c, p in figures]
+    parts += [f"<figure>{img_tag(p)}<figcaption>{e(c)}</figcaption></figure>" for c, p in figures]
     parts.append("<h2>Sample texts (last evaluation, seed of the first run)</h2>")
     for arm, runs in sorted(by_arm.items()):
         last = [r for r in runs[0] if "samples" in r][-1:]

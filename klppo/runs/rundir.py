@@ -29,9 +29,10 @@ from typing import Any
 import yaml
 
 from klppo.runs.configfile import InputError, InputFileError, parse_yaml, read_text
+from klppo.runs.paths import check_writable
 
 __all__ = ["DirBusyError", "DirLock", "default_run_name", "create_run_dir",
-           "check_writable", "remove_stale_temp_files", "write_metadata", "write_yaml", "read_yaml",
+           "remove_stale_temp_files", "write_metadata", "write_yaml", "read_yaml",
            "write_json_atomic", "write_status", "read_status", "atomic_write_bytes"]
 
 
@@ -91,21 +92,6 @@ class DirLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def check_writable(path: str | Path, what: str = "out") -> None:
-    """Fail early (one line naming ``what`` and the path) if ``path`` cannot be created or
-    written: an existing file, a read-only directory, or a read-only nearest ancestor."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise NotADirectoryError(f"{what}={str(p)!r}: exists and is not a directory")
-    probe = p
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise NotADirectoryError(f"{what}={str(p)!r}: {str(probe)!r} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise PermissionError(f"{what}={str(p)!r}: {str(probe)!r} is not writable")
 
 
 def create_run_dir(path: str | Path, unique: bool = False) -> Path:

@@ -84,6 +84,7 @@ def test_sigterm_stops_after_the_iteration_and_resume_is_exact(uninterrupted, ti
     """In-process: SIGTERM during iteration 4 (checkpoints every 3) -> the iteration finishes, a
     checkpoint is written, status 'interrupted'; resuming gives the uninterrupted metrics."""
     run = tmp_path / "run"
+    before = signal.getsignal(signal.SIGTERM)
 
     def signal_self(m):
         if m["iteration"] == 4:
@@ -93,7 +94,7 @@ def test_sigterm_stops_after_the_iteration_and_resume_is_exact(uninterrupted, ti
     assert res.status == "interrupted" and len(res.metrics) == 4
     assert status(run)["state"] == "interrupted" and status(run)["checkpoint_iteration"] == 4
     assert torch.load(run / "checkpoint.pt", weights_only=False)["iteration"] == 4
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is restored
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is restored
     assert strip(resume_rlhf(run, reward=reward).metrics) == strip(uninterrupted.metrics)
 
 

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
+from klppo.experiments.sweep import DEMO_SPEC, run_sweep
 from klppo.report.load import load_runs
-from klppo.runs.sweep import DEMO_SPEC, run_sweep
 
 
 @pytest.mark.slow

@@ -2,18 +2,17 @@
 
 Four arms per seed: a fixed beta that is too strong and the adaptive controller started from it;
 a fixed beta that is too weak and the adaptive controller started from it. Each arm is its own
-process (one torch thread), ``workers`` at a time; budgets are in iterations.
+worker process (one torch thread) of the experiments' pool, ``workers`` at a time, exactly like a
+sweep's runs; budgets are in iterations.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from klppo.experiments.pool import SweepStop, run_local, signals_to
+from klppo.experiments.rlhf_worker import PENDING
 from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf
 from klppo.runs import rundir as R
 
@@ -37,38 +36,32 @@ def arms(base: RLHFConfig, strong_beta: float, weak_beta: float, adaptive: str,
     return out
 
 
-def _run_arm(run_dir: Path) -> tuple[str, str | None]:
-    st = R.read_status(run_dir)
-    if st and st.get("state") == "finished":
-        return "finished", None
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "klppo.lm.worker", str(run_dir)],
-                          capture_output=True, text=True, env=env)
-    st = R.read_status(run_dir) or {}
-    if proc.returncode == 0 and st.get("state") == "finished":
-        return "finished", None
-    err = st.get("error") or f"worker exited with code {proc.returncode}: {proc.stderr[-2000:]}"
-    R.write_status(run_dir, "failed", error=err)
-    return "failed", err
-
-
 def run_compare(configs: dict[str, RLHFConfig], out: str | Path, workers: int = 2,
-                on_done=None) -> dict[str, tuple[str, str | None]]:
-    """Run every arm under ``out/runs/NAME`` (idempotent: finished arms are skipped)."""
-    out = Path(out)
+                on_done=None, stop: SweepStop | None = None) -> dict[str, tuple[str, str | None]]:
+    """Run every arm under ``out/runs/NAME`` in the experiments' process pool (idempotent:
+    finished arms are skipped, interrupted ones continue exactly). Ctrl-C / SIGTERM stop it
+    the way they stop a sweep."""
+    out, stop = Path(out), stop or SweepStop()
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    dirs = {}
+    dirs, results = {}, {}
     for name, cfg in configs.items():
         d = out / "runs" / name
         d.mkdir(exist_ok=True)
-        R.write_yaml(d / "pending.yaml", dataclasses.asdict(dataclasses.replace(cfg,
-                                                                               out=str(d))))
-        dirs[name] = d
-    results = {}
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futs = {pool.submit(_run_arm, d): name for name, d in dirs.items()}
-        for f in as_completed(futs):
-            results[futs[f]] = f.result()
+        R.write_yaml(d / PENDING, dataclasses.asdict(dataclasses.replace(cfg, out=str(d))))
+        if (R.read_status(d) or {}).get("state") == "finished":
+            results[name] = ("finished", None)
             if on_done is not None:
-                on_done(futs[f], *results[futs[f]])
+                on_done(name, "finished", None)
+        else:
+            dirs[name] = str(d)
+
+    def update(name: str, res: dict) -> None:
+        if res["state"] in ("running", "pending"):
+            return
+        results[name] = (res["state"], res.get("error"))
+        if on_done is not None:
+            on_done(name, *results[name])
+
+    with signals_to(stop):
+        run_local(dirs, workers, update, stop)
     return results

@@ -1,8 +1,9 @@
 """Worker processes of a sweep: start one run, stop it, and say how it ended.
 
-Each run is ``python -m klppo.runs.worker RUN_DIR`` in its own session (so a Ctrl-C at the
+Each run is ``python -m klppo.experiments.worker RUN_DIR`` in its own session (so a Ctrl-C at the
 terminal reaches only the sweep, which decides what the workers get), with its output appended
-to ``RUN_DIR/worker.log``. The worker stops itself if the sweep dies (see ``klppo.runs.worker``).
+to ``RUN_DIR/worker.log``. The worker stops itself if the sweep dies (see
+``klppo.experiments.worker``).
 Stopping a job: level 1 sends SIGINT (finish the iteration, checkpoint, status 'interrupted'),
 level 2 sends SIGKILL (the run resumes from its last checkpoint).
 """
@@ -47,7 +48,7 @@ def start(run_dir: str | Path) -> Job:
     started = time.time()
     with open(run_dir / LOG, "ab") as log:
         offset = log.tell()
-        proc = subprocess.Popen([sys.executable, "-m", "klppo.runs.worker", str(run_dir)],
+        proc = subprocess.Popen([sys.executable, "-m", "klppo.experiments.worker", str(run_dir)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
     return Job(run_dir, proc, started, offset)

@@ -4,8 +4,8 @@ A sweep directory holds ``spec.yaml`` (what was asked), ``index.json`` (one entr
 name, condition, seed, overrides, state, error), ``.lock`` (held by the one sweep process
 writing it) and ``runs/{name}/`` run directories. Re-running a sweep skips finished runs and
 resumes the others from their checkpoints. Every run is its own process
-(``python -m klppo.runs.worker RUN_DIR``, see :mod:`klppo.runs.launch`), so a crash, even a
-segfault, takes down only that run; the sweep records its error and carries on.
+(``python -m klppo.experiments.worker RUN_DIR``, see :mod:`klppo.experiments.launch`), so a
+crash, even a segfault, takes down only that run; the sweep records its error and carries on.
 
 Stopping: a first SIGINT or SIGTERM (or :meth:`SweepStop.request`) stops launching runs and
 asks the running ones to finish their iteration, checkpoint and stop; they are recorded as
@@ -20,24 +20,19 @@ Backends: ``local`` (default) runs at most ``workers`` processes at once on this
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
-import signal
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from klppo.experiments.launch import run_one
+from klppo.experiments.pool import Done, SweepStop, run_local, signals_to
+from klppo.experiments.sweep_spec import DEMO_SPEC, RunPlan, SweepSpec, expand, load_spec
 from klppo.rl import config as C
-from klppo.runs import launch as L
 from klppo.runs import rundir as R
-from klppo.runs.launch import run_one
-from klppo.runs.sweep_spec import DEMO_SPEC, RunPlan, SweepSpec, expand, load_spec
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +40,6 @@ __all__ = ["SweepSpec", "RunEntry", "SweepResult", "SweepStop", "expand", "load_
            "run_sweep", "run_one", "DEMO_SPEC"]
 
 Backend = Literal["local", "ray"]
-Done = Callable[[str, dict[str, Any]], None]
-
-#: how long a run whose directory another process holds is retried before it counts as failed
-BUSY_WAIT_S = 300.0
-POLL_S = 0.05
 
 
 @dataclass
@@ -94,40 +84,6 @@ class SweepResult:
     @property
     def unfinished(self) -> list[RunEntry]:
         return [e for e in self.entries if e.state != "finished"]
-
-
-class SweepStop:
-    """Asks a running sweep to stop: the first request stops launching runs and asks the running
-    ones to checkpoint and stop; the second kills them. Thread- and signal-handler-safe."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.signal: int | None = None
-
-    def request(self, signum: int | None = None) -> None:
-        self.requests += 1
-        if self.signal is None:
-            self.signal = signum
-        log.warning("%s: %s", signal.Signals(signum).name if signum else "stop requested",
-                    "no new runs; running runs checkpoint and stop (again: kill them)"
-                    if self.requests == 1 else "killing the running runs")
-
-
-@contextlib.contextmanager
-def _signals_to(stop: SweepStop) -> Iterator[None]:
-    """SIGINT and SIGTERM request a stop while the sweep runs (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.getsignal(s) for s in sigs}
-    for s in sigs:
-        signal.signal(s, lambda signum, frame: stop.request(signum))
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _write_index(sweep_dir: Path, entries: list[RunEntry]) -> None:
@@ -187,7 +143,7 @@ def run_sweep(
         raise C.ConfigError(f"workers={workers!r}: must be an integer >= 1")
     if backend not in ("local", "ray"):
         raise C.ConfigError(f"backend={backend!r}: must be 'local' or 'ray'")
-    runner = _local if backend == "local" else _ray_runner()
+    runner = run_local if backend == "local" else _ray_runner()
     lock = _open_sweep_dir(sweep_dir, spec)
     try:
         entries = _prepare(sweep_dir, planned)
@@ -203,78 +159,11 @@ def run_sweep(
 
         todo = {e.name: str(sweep_dir / "runs" / e.name) for e in entries
                 if e.state != "finished"}
-        with _signals_to(stop):
+        with signals_to(stop):
             runner(todo, workers or max(1, os.cpu_count() or 1), update, stop)
     finally:
         lock.release()
     return SweepResult(sweep_dir, entries, stop.signal)
-
-
-# ------------------------------------------------------------------------------ local backend
-def _busy(run_dir: str) -> str | None:
-    """The holder of ``run_dir``'s lock (e.g. a worker of a killed sweep, still stopping)."""
-    try:
-        R.DirLock(run_dir).acquire().release()
-    except R.DirBusyError as e:
-        return str(e)
-    return None
-
-
-class _Local:
-    """At most ``workers`` worker processes, all started and watched from the one thread that
-    runs the sweep (a worker's parent-death signal fires when the thread that forked it ends)."""
-
-    def __init__(self, dirs: dict[str, str], workers: int, update: Done, stop: SweepStop):
-        self.queue = deque(dirs.items())
-        self.workers, self.update, self.stop = workers, update, stop
-        self.jobs: dict[str, L.Job] = {}
-        self.busy_since: dict[str, float] = {}
-
-    def launch(self) -> None:
-        deferred = []
-        while self.queue and len(self.jobs) < self.workers:
-            name, run_dir = self.queue.popleft()
-            holder = _busy(run_dir)
-            if holder is None:
-                self.jobs[name] = L.start(run_dir)
-                self.update(name, {"state": "running"})
-            elif self.gave_up(name, holder):
-                self.update(name, {"state": "failed", "error": holder})
-            else:
-                deferred.append((name, run_dir))
-        self.queue.extend(deferred)
-
-    def gave_up(self, name: str, holder: str) -> bool:
-        now = time.monotonic()
-        if name not in self.busy_since:
-            self.busy_since[name] = now
-            log.warning("%s; the sweep waits for it (up to %.0f s)", holder, BUSY_WAIT_S)
-        return now - self.busy_since[name] > BUSY_WAIT_S
-
-    def reap(self) -> None:
-        for name, job in list(self.jobs.items()):
-            L.stop(job, min(self.stop.requests, 2))
-            rc = job.proc.poll()
-            if rc is not None:
-                del self.jobs[name]
-                self.update(name, L.outcome(job, rc))
-
-    def run(self) -> None:
-        try:
-            while self.jobs or (self.queue and not self.stop.requests):
-                if not self.stop.requests:
-                    self.launch()
-                self.reap()
-                time.sleep(POLL_S)
-        finally:  # on an error of our own: stop the workers the graceful way, then re-raise
-            for job in self.jobs.values():
-                L.stop(job, 1)
-            for job in self.jobs.values():
-                job.proc.wait()
-
-
-def _local(dirs: dict[str, str], workers: int, update: Done, stop: SweepStop) -> None:
-    _Local(dirs, workers, update, stop).run()
 
 
 # -------------------------------------------------------------------------------- ray backend

@@ -1,4 +1,5 @@
-"""``python -m klppo.lm.worker RUN_DIR``: run the RLHF arm described by RUN_DIR/pending.yaml.
+"""One RLHF arm of ``klppo rlhf compare``, described by ``RUN_DIR/pending.yaml`` (run by the
+experiments' worker process, :mod:`klppo.experiments.worker`).
 
 An arm that started before with the same config continues from its last checkpoint; an arm
 whose config changed, or that cannot be resumed exactly, starts again from scratch.
@@ -8,13 +9,19 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 from klppo.lm.config import config_from_dict
 from klppo.lm.rlhf import ResumeError, resume_rlhf, rlhf
 from klppo.runs.configfile import InputError, read_config_file
 from klppo.runs.rundir import DirLock
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PENDING", "run_arm"]
+
+#: the file that marks a run directory as an RLHF arm (its config, before the run writes one)
+PENDING = "pending.yaml"
 
 
 def _started_with(run_dir: Path, pending: dict) -> bool:
@@ -34,24 +41,14 @@ def _clear(run_dir: Path) -> None:
         shutil.rmtree(run_dir / "policy", ignore_errors=True)
 
 
-def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.WARNING)
-    run_dir = Path(argv[0])
-    try:
-        pending = read_config_file(run_dir / "pending.yaml", "pending")
-        if _started_with(run_dir, pending):
-            try:
-                resume_rlhf(run_dir)
-                return 0
-            except ResumeError as e:
-                print(f"klppo rlhf worker: {e}; starting the arm again", file=sys.stderr)
-        _clear(run_dir)
-        rlhf(config_from_dict(pending))
-    except Exception as e:  # noqa: BLE001 - status.json holds the details
-        print(f"klppo rlhf worker: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+def run_arm(run_dir: Path) -> None:
+    """Run the arm, or continue it exactly when it started before with the same config."""
+    pending = read_config_file(run_dir / PENDING, "pending")
+    if _started_with(run_dir, pending):
+        try:
+            resume_rlhf(run_dir)
+            return
+        except ResumeError as e:
+            log.warning("%s; starting the arm again", e)
+    _clear(run_dir)
+    rlhf(config_from_dict(pending))

@@ -1,4 +1,5 @@
-"""``python -m klppo.runs.worker RUN_DIR``: run or resume the run whose config.yaml is there.
+"""``python -m klppo.experiments.worker RUN_DIR``: run or resume the run whose config is there
+(a training run's ``config.yaml``, or an RLHF arm's ``pending.yaml``).
 
 The worker never outlives the process that started it (the pid in ``KLPPO_PARENT_PID``, else
 its parent at start): on Linux the kernel sends it SIGTERM when that parent dies
@@ -20,8 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from klppo.experiments.launch import BUSY_EXIT, PARENT_ENV
 from klppo.runs import rundir as R
-from klppo.runs.launch import BUSY_EXIT, PARENT_ENV
 
 PR_SET_PDEATHSIG = 1
 
@@ -69,13 +70,23 @@ def _record(result) -> None:
         R.write_status(result.run_dir, result.status, iteration=last)
 
 
+def _run(run_dir: Path) -> None:
+    """An RLHF comparison arm (``pending.yaml``) or a training run (``config.yaml``)."""
+    from klppo.experiments.rlhf_worker import PENDING, run_arm
+
+    if (run_dir / PENDING).exists():
+        run_arm(run_dir)
+        return
+    from klppo.rl.trainer import resume
+
+    _record(resume(run_dir))
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING)
     try:
         stop_with_parent()
-        from klppo.rl.trainer import resume
-
-        _record(resume(Path(argv[0])))
+        _run(Path(argv[0]))
     except KeyboardInterrupt:
         print("klppo worker: interrupted", file=sys.stderr)
         return 130

@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from klppo.cli import main
+from klppo.experiments import pool
+from klppo.experiments.sweep import SweepSpec, SweepStop, expand, run_sweep
 from klppo.rl import config as C
 from klppo.rl.trainer import TIMING_KEYS
 from klppo.runs import rundir as R
-from klppo.runs import sweep as S
 from klppo.runs.metrics import read_metrics
-from klppo.runs.sweep import SweepSpec, SweepStop, expand, run_sweep
 from tests.waiting import wait_for_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +119,7 @@ def worker_pids(sweep_dir):
             state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
         except (OSError, IndexError):
             continue
-        if b"klppo.runs.worker" in argv and state != "Z" and \
+        if b"klppo.experiments.worker" in argv and state != "Z" and \
                 any(a.startswith(str(sweep_dir).encode()) for a in argv):
             pids.append(int(proc.name))
     return pids
@@ -262,8 +262,8 @@ def test_without_prctl_a_worker_still_stops_when_its_parent_dies(tmp_path):
     run_dir.mkdir()
     cfg = expand(spec(base={**BASE, "total_steps": 8192}))[0].config
     R.write_yaml(run_dir / "config.yaml", C.to_dict(dataclasses.replace(cfg, out=str(run_dir))))
-    worker = ("import sys, klppo.runs.worker as w; w._set_parent_death_signal = lambda s: False; "
-              "sys.exit(w.main(sys.argv[1:]))")
+    worker = ("import sys, klppo.experiments.worker as w; "
+              "w._set_parent_death_signal = lambda s: False; sys.exit(w.main(sys.argv[1:]))")
     parent = ("import subprocess, sys, time; "
               f"p = subprocess.Popen([sys.executable, '-c', {worker!r}, {str(run_dir)!r}], "
               "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
@@ -284,11 +284,11 @@ def test_a_run_directory_another_process_holds_is_waited_for(tmp_path, monkeypat
     run_dir = out / "runs" / "CartPole-v1__base__0"
     run_dir.mkdir(parents=True)
     lock = R.DirLock(run_dir).acquire()
-    monkeypatch.setattr(S, "BUSY_WAIT_S", 0.3)  # held for longer than the sweep waits: failed
+    monkeypatch.setattr(pool, "BUSY_WAIT_S", 0.3)  # held for longer than the sweep waits: failed
     (e,) = run_sweep(spec(), out, workers=1).entries
     assert e.state == "failed" and f"in use by pid {os.getpid()} " in e.error
     assert not (run_dir / "status.json").exists()  # not ours to write
-    monkeypatch.setattr(S, "BUSY_WAIT_S", 60.0)  # released while the sweep waits: it runs
+    monkeypatch.setattr(pool, "BUSY_WAIT_S", 60.0)  # released while the sweep waits: it runs
     released = []
     threading.Timer(1.0, lambda: (released.append(time.time()), lock.release())).start()
     (e,) = run_sweep(spec(), out, workers=1).entries

@@ -1,0 +1,51 @@
+"""No import from a lower package to a higher one (docs/architecture in the README's layout):
+
+core -> nn -> rl, lm (siblings) -> experiments -> report, cli. ``runs`` (run directories, files,
+metric sinks, signals) and ``protocol`` are plumbing that imports no klppo package but itself.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "klppo"
+
+#: package -> the klppo packages it may import
+ALLOWED = {
+    "core": set(),
+    "runs": {"klppo"},  # klppo.__version__ for the run metadata
+    "protocol": set(),
+    "nn": {"core"},
+    "rl": {"core", "nn", "runs", "protocol"},
+    "lm": {"core", "runs"},
+    "replay": {"core", "runs"},
+    "experiments": {"core", "nn", "rl", "lm", "runs", "protocol"},
+    "report": {"runs", "protocol"},
+    "verify": {"core"},
+}
+
+
+def imports_of(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for n in names:
+            parts = n.split(".")
+            if parts[0] == "klppo":
+                out.add(parts[1] if len(parts) > 1 else "klppo")
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_import_from_a_lower_package_to_a_higher_one(package):
+    files = sorted((PKG / package).rglob("*.py")) if (PKG / package).is_dir() \
+        else [PKG / f"{package}.py"]
+    assert files and all(f.exists() for f in files), package
+    for f in files:
+        bad = imports_of(f) - ALLOWED[package] - {package}
+        assert not bad, f"{f.relative_to(PKG.parent)} imports {sorted(bad)}"
