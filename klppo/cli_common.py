@@ -48,6 +48,8 @@ def _tyro_error(text: str) -> str:
     keep = []
     for line in text.splitlines():
         line = line.strip(" │╭╮╰╯─━┃┏┓┗┛|").strip()
+        if set(line) <= {"-"}:  # a separator rule
+            continue
         if line.startswith("Argument helptext"):
             break
         if line and not line.startswith(("For full helptext", "Parsing error", "Usage")):

@@ -105,40 +105,15 @@ def run_train(argv: list[str]) -> int:
 
 def _parse_flags(base, rest: list[str]):
     """tyro's flags over ``base``, validated; None (after one line on stderr) when they are bad."""
-    import contextlib
-    import io
-
-    import tyro
-
+    from klppo import cli_common
     from klppo.rl import config as C
 
-    if not any(a in ("-h", "--help") for a in rest):
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err):
-                cfg = tyro.cli(C.TrainConfig, default=base, args=rest, prog="klppo train",
-                               description=USAGE)
-        except SystemExit:
-            print(f"klppo train: {_tyro_error(err.getvalue())}", file=sys.stderr)
-            return None
-    else:
-        cfg = tyro.cli(C.TrainConfig, default=base, args=rest, prog="klppo train",
-                       description=USAGE)
     try:
+        cfg = cli_common.parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE)
         return C.validate(cfg)
-    except C.ConfigError as e:
+    except (cli_common.FlagError, C.ConfigError) as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return None
-
-
-def _tyro_error(text: str) -> str:
-    """The gist of tyro's boxed error message, on one line."""
-    keep = []
-    for line in text.splitlines():
-        line = line.strip(" │╭╮╰╯─━┃┏┓┗┛|").strip()
-        if line and not line.startswith(("For full helptext", "Parsing error", "Usage")):
-            keep.append(line)
-    return " ".join(keep)[:400] or "invalid flags (see klppo train --help)"
 
 
 def _resume(run_dir: str) -> int:

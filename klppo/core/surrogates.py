@@ -37,6 +37,7 @@ for sequences). Any per-sample surrogate ``f(w, A)`` maps into the template thro
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from typing import Literal
 
@@ -51,6 +52,7 @@ Band = float | torch.Tensor
 __all__ = [
     "Shape",
     "SHAPES",
+    "SOFT_SHAPES",
     "partition",
     "harm_distance",
     "unclipped_objective",
@@ -320,7 +322,10 @@ def _beta(
 
 
 #: The named shapes accepted by :func:`per_sample_beta`.
-SHAPES: tuple[str, ...] = ("clip", "asymmetric", "linear_ramp", "sigmoid", "soft_min", "spo")
+SHAPES: tuple[str, ...] = typing.get_args(Shape)
+
+#: The shapes that need a softness ``s > 0``.
+SOFT_SHAPES: tuple[str, ...] = ("linear_ramp", "sigmoid", "soft_min")
 
 
 def per_sample_kl_objective(

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from klppo.core.advantages import NormScope
 from klppo.core.controllers import CONTROLLERS, ControllerName, StepPreset
 from klppo.core.loss import OBJECTIVES, KLEstimatorChoice
-from klppo.core.surrogates import SHAPES
+from klppo.core.surrogates import SHAPES, SOFT_SHAPES, Shape
 from klppo.core.values import ValueLossKind
 from klppo.runs.typecheck import TypeCheckError, check_value
 
@@ -57,8 +57,8 @@ class PPOConfig:
     """upper band radius for asymmetric clipping (None: eps; DAPO uses 0.28)"""
     dual_clip: float | None = None
     """dual-clip constant c > 1 for negative advantages (None: off; 3 is usual)"""
-    shape: str = "clip"
-    """beta_t shape of per_sample_kl: clip, asymmetric, linear_ramp, sigmoid, soft_min, spo"""
+    shape: Shape = "clip"
+    """beta_t shape of per_sample_kl (klppo.core.surrogates.SHAPES)"""
     softness: float | None = None
     """softness s of the soft shapes (typical 0.02-0.2)"""
     kl_estimator: KLEstimatorChoice = "analytic"
@@ -229,7 +229,7 @@ def _validate_choices(cfg: TrainConfig) -> None:
         raise _bad("objective", cfg.objective, f"must be one of {sorted(OBJECTIVES)}")
     if p.shape not in SHAPES:
         raise _bad("ppo.shape", p.shape, f"must be one of {list(SHAPES)}")
-    if p.shape in ("linear_ramp", "sigmoid", "soft_min") and p.softness is None:
+    if p.shape in SOFT_SHAPES and p.softness is None:
         raise _bad("ppo.softness", None, f"shape {p.shape!r} needs a softness > 0")
     if cfg.batch_size % p.minibatch_size:
         raise _bad("ppo.minibatch_size", p.minibatch_size,

@@ -33,7 +33,7 @@ FLAGS = {
     "dual_clip_below_one": (["--ppo.dual-clip", "0.5"], "ppo.dual_clip=0.5"),
     "soft_shape_without_softness": (["--objective", "per_sample_kl", "--ppo.shape", "sigmoid"],
                                     "ppo.softness=None"),
-    "unknown_shape": (["--ppo.shape", "wobbly"], "ppo.shape='wobbly'"),
+    "unknown_shape": (["--ppo.shape", "wobbly"], "'wobbly' for argument '--ppo.shape'"),
     "unknown_objective": (["--objective", "nope"], "objective='nope'"),
     "early_stop_without_target": (["--ppo.early-stop", "minibatch"], "ppo.early_stop"),
     "rollout_measure_at_minibatch": (["--kl.cadence", "minibatch"], "kl.measure='rollout'"),
