@@ -1,2 +1,17 @@
 """klppo: KL-controlled policy optimisation."""
+
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+__all__ = ["load", "__version__"]
+
+
+def load(run_dir: Any) -> Any:
+    """The trained policy of a run directory (:class:`klppo.rl.policy.Policy`): ``predict(obs)``
+    in Stable-Baselines3's convention, ``act(batch)``, ``config``, ``export(path)``."""
+    from klppo.rl.policy import load as _load
+
+    return _load(run_dir)

@@ -47,11 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random batches")
     p.add_argument("--batches", type=int, default=200, help="random batches per batch size")
     p.set_defaults(func=_cmd_verify)
+    from klppo.cli_eval import add_parser as add_eval
     from klppo.cli_experiments import add_parsers
     from klppo.cli_replay import add_parser as add_replay
 
     add_parsers(sub)
     add_replay(sub)
+    add_eval(sub)
     return parser
 
 

@@ -111,6 +111,9 @@ def check_env(env_id: str) -> str:
             load_env_creator(entry)
         except (ImportError, gym.error.DependencyNotInstalled) as e:
             raise _missing_extra(env_id, e) from None
+        except Exception as e:  # noqa: BLE001 - e.g. MUJOCO_GL naming a GL library not present
+            raise EnvError(f"env={env_id!r}: importing its implementation failed "
+                           f"({type(e).__name__}: {e})") from None
     return env_id
 
 

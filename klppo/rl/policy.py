@@ -1,0 +1,146 @@
+"""A trained policy, ready to use: ``klppo.load(run_dir)`` -> :class:`Policy`.
+
+The policy carries everything acting needs from the run: the network, the action space, the
+observation normalisation (frozen at its checkpointed statistics) and the config it was trained
+with. ``predict`` follows Stable-Baselines3's convention; ``act`` takes batches; ``export``
+writes a TorchScript module that maps raw observations to the deterministic action and gives the
+same actions as ``act`` (tested).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from klppo.nn.actor_critic import ActorCritic, make_head
+from klppo.nn.distributions import CategoricalHead
+from klppo.rl.config import TrainConfig
+from klppo.rl.envs import ObsNormalizer, check_env
+from klppo.runs import checkpoint as ckpt
+
+__all__ = ["Policy", "load"]
+
+
+class Policy:
+    """Acts with a trained actor.
+
+    Args:
+        agent: the actor-critic (only the actor is used).
+        config: the training config of the run.
+        action_space: the env's single action space (Box actions are clipped to it).
+        obs_norm: the frozen observation normaliser, or None.
+    """
+
+    def __init__(self, agent: ActorCritic, config: TrainConfig, action_space: gym.Space,
+                 obs_norm: ObsNormalizer | None) -> None:
+        self.agent, self.config, self.action_space = agent.eval(), config, action_space
+        self.obs_norm = obs_norm
+        self.obs_dim = int(agent.actor[0].in_features if agent.trunk is None
+                           else agent.trunk[0].in_features)
+        self.discrete = isinstance(agent.head, CategoricalHead)
+
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
+        """Raw observations ``[B, ...]`` -> the network's float32 input ``[B, obs_dim]``, exactly
+        as during training (cast to float32, then the frozen normalisation)."""
+        x = np.asarray(obs, dtype=np.float32).reshape(-1, self.obs_dim)
+        return self.obs_norm.normalize(x) if self.obs_norm is not None else x
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool = True,
+            generator: torch.Generator | None = None) -> np.ndarray:
+        """Actions for a batch ``[B, ...]`` of raw observations: the mode (argmax or mean) when
+        ``deterministic``, else a sample; Box actions clipped to the action space."""
+        params = self.agent.policy_params(torch.from_numpy(self.normalize(obs)))
+        head = self.agent.head
+        if deterministic:
+            action = params.argmax(-1) if self.discrete else head.split(params)[0]
+        else:
+            action = head.sample(params, generator)
+        action = action.numpy()
+        if not self.discrete:
+            action = np.clip(action, self.action_space.low, self.action_space.high)
+        return action
+
+    def predict(self, observation: np.ndarray, state: Any = None, episode_start: Any = None,
+                deterministic: bool = True) -> tuple[np.ndarray, None]:
+        """Stable-Baselines3's ``predict``: one observation or a batch -> ``(action, None)``
+        (a single observation gives a single action)."""
+        obs = np.asarray(observation)
+        single = obs.size == self.obs_dim
+        action = self.act(obs.reshape(-1, self.obs_dim), deterministic)
+        return (action[0] if single else action), None
+
+    def export(self, path: str | Path) -> Path:
+        """Save a TorchScript module ``raw obs [B, obs_dim] -> deterministic action [B, ...]``
+        (normalisation and clipping included) that runs without klppo."""
+        module = torch.jit.script(_Exported(self))
+        path = Path(path)
+        module.save(str(path))
+        return path
+
+
+class _Exported(nn.Module):
+    """The deterministic policy as one scriptable module (float64 normalisation, as numpy)."""
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__()
+        a = copy.deepcopy(policy.agent).requires_grad_(False)
+        self.trunk = a.trunk if a.trunk is not None else nn.Identity()
+        self.actor = a.actor
+        self.discrete = policy.discrete
+        self.act_dim = 0 if policy.discrete else a.head.dim
+        n = policy.obs_norm
+        self.normalise = n is not None
+        self.register_buffer("mean", torch.as_tensor(n.rms.mean if n else np.zeros(1)).double())
+        self.register_buffer("var", torch.as_tensor(n.rms.var if n else np.ones(1)).double())
+        self.clip_obs = float(n.clip) if n else 0.0
+        space = policy.action_space
+        low = np.zeros(1) if policy.discrete else space.low
+        high = np.zeros(1) if policy.discrete else space.high
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float()
+        if self.normalise:
+            z = (x.double() - self.mean) / torch.sqrt(self.var + 1e-8)
+            x = torch.clamp(z, -self.clip_obs, self.clip_obs).float()
+        out = self.actor(self.trunk(x))
+        if self.discrete:
+            return out.argmax(-1)
+        return torch.max(torch.min(out[:, : self.act_dim], self.high), self.low)
+
+
+def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
+    env = gym.make(check_env(env_id))
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def load(run_dir: str | Path) -> Policy:
+    """The policy of a run directory at its last checkpoint (one-line errors for a directory
+    that is not a run or has no readable checkpoint)."""
+    from klppo.rl.trainer import read_run_config
+
+    run_dir = Path(run_dir)
+    cfg = read_run_config(run_dir)
+    state = ckpt.load_checkpoint(run_dir)
+    obs_space, act_space = _spaces(cfg.env)
+    n = cfg.net
+    agent = ActorCritic(int(np.prod(obs_space.shape)), make_head(act_space), n.hidden,
+                        n.shared_trunk, n.separate_losses, n.log_std_init)
+    agent.load_state_dict(state["agent"])
+    obs_norm = None
+    if state.get("obs_norm") is not None:
+        obs_norm = ObsNormalizer(tuple(np.shape(state["obs_norm"]["mean"])),
+                                 cfg.rollout.clip_obs)
+        obs_norm.rms.load_state_dict(state["obs_norm"])
+    return Policy(agent, cfg, act_space, obs_norm)

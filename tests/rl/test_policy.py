@@ -1,0 +1,113 @@
+"""From a trained run to its use: klppo eval, klppo.load(...).predict / act, TorchScript export,
+videos; on CartPole, LunarLander and Hopper (normalised observations)."""
+
+import dataclasses
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import klppo
+from klppo import rl
+from klppo.cli import main
+
+RUNS = {
+    "cartpole": ("klip/cartpole", {"total_steps": 2048}, None),
+    "lunarlander": ("klip/lunarlander", {"total_steps": 4096}, {"num_steps": 256}),
+    "hopper": ("klip/hopper", {"total_steps": 1024}, {"num_steps": 512}),
+}
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def run(request, tmp_path_factory):
+    name = request.param
+    pytest.importorskip({"lunarlander": "Box2D", "hopper": "mujoco"}.get(name, "gymnasium"))
+    preset, top, rollout = RUNS[name]
+    cfg = rl.preset(preset)
+    cfg = dataclasses.replace(cfg, tensorboard=False, out=str(tmp_path_factory.mktemp(name) /
+                                                              "run"), **top)
+    if rollout:
+        cfg.rollout = dataclasses.replace(cfg.rollout, **rollout)
+    return rl.train(cfg).run_dir
+
+
+def observations(env_id, n=16, seed=3):
+    env = gym.make(env_id)
+    obs, _ = env.reset(seed=seed)
+    out = []
+    for _ in range(n):
+        out.append(obs)
+        obs, _, term, trunc, _ = env.step(env.action_space.sample())
+        if term or trunc:
+            obs, _ = env.reset()
+    env.close()
+    return np.stack(out)
+
+
+def test_eval_writes_eval_json_and_is_repeatable(run, capsys):
+    assert main(["eval", str(run), "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    first = json.loads((run / "eval.json").read_text())
+    assert first["episodes"] == 2 and len(first["returns"]) == 2 and first["deterministic"]
+    assert f"return {first['mean']:.2f} +- {first['std']:.2f}" in out
+    assert main(["eval", str(run), "--episodes", "2"]) == 0
+    assert json.loads((run / "eval.json").read_text())["returns"] == first["returns"]
+    assert main(["eval", str(run), "--episodes", "1", "--stochastic", "--seed", "5"]) == 0
+    assert json.loads((run / "eval.json").read_text())["deterministic"] is False
+
+
+def test_load_predict_single_and_batched_with_frozen_normalisation(run):
+    policy = klppo.load(run)
+    obs = observations(policy.config.env)
+    batch, state = policy.predict(obs)
+    assert state is None and len(batch) == len(obs)
+    single, _ = policy.predict(obs[0])
+    assert np.shape(single) == np.shape(batch[0])  # a single observation: a single action
+    assert np.allclose(single, batch[0], rtol=1e-6, atol=1e-7)  # BLAS: batch 1 vs 16 (ulps)
+    assert np.array_equal(policy.act(obs), batch)
+    stats = None if policy.obs_norm is None else policy.obs_norm.rms.state_dict()
+    with torch.no_grad():  # by hand: the frozen normalisation, then the actor's mode
+        x = np.asarray(obs, np.float32)
+        if stats is not None:
+            x = np.clip((x - stats["mean"]) / np.sqrt(stats["var"] + 1e-8), -10, 10)
+            x = x.astype(np.float32)
+        params = policy.agent.policy_params(torch.from_numpy(x))
+    if policy.discrete:
+        expect = params.argmax(-1).numpy()
+    else:
+        space = policy.action_space
+        expect = np.clip(params[:, : space.shape[0]].numpy(), space.low, space.high)
+    assert np.array_equal(batch, expect)
+    if stats is not None:  # predicting does not update the statistics
+        after = policy.obs_norm.rms.state_dict()
+        assert np.array_equal(after["mean"], stats["mean"]) and after["count"] == stats["count"]
+    assert (policy.obs_norm is not None) == policy.config.rollout.norm_obs
+
+
+def test_torchscript_export_gives_the_same_actions(run, tmp_path):
+    policy = klppo.load(run)
+    path = policy.export(tmp_path / "policy.pt")
+    module = torch.jit.load(str(path))
+    obs = observations(policy.config.env, n=64)
+    exported = module(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+    assert np.array_equal(exported, policy.act(obs))
+
+
+def test_video_where_rendering_is_available(tmp_path, run, capsys):
+    pytest.importorskip("moviepy")
+    code = main(["eval", str(run), "--episodes", "1", "--video", str(tmp_path / "v")])
+    err = capsys.readouterr().err
+    if code != 0:  # rendering unavailable here: a one-line reason, no traceback
+        assert "cannot render" in err and "Traceback" not in err
+        pytest.skip(err.strip())
+    videos = list((tmp_path / "v").glob("*.mp4"))
+    assert videos and videos[0].stat().st_size > 0
+
+
+def test_eval_bad_input_is_one_line(tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("klppo eval: ") and "no such directory" in err
+    assert len(err.splitlines()) == 1
