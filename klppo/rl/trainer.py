@@ -189,7 +189,8 @@ def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
         try:
             sinks.append(M.TensorBoardSink(run_dir))
         except ImportError:
-            pass
+            log.warning("tensorboard is not installed: no TensorBoard events (pip install "
+                        "'klppo[tensorboard]'; --no-tensorboard silences this)")
     if cfg.track == "wandb":
         sinks.append(M.WandbSink(run_dir, run_dir.name, to_dict(cfg), project="klppo"))
     return sinks

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 log = logging.getLogger(__name__)
 
 __all__ = ["Sink", "JsonlSink", "TensorBoardSink", "WandbSink", "require_wandb",
-           "wandb_run_id", "MetricsWriter", "read_metrics", "truncate_metrics", "NAMESPACES"]
+           "wandb_run_id", "MetricsWriter", "read_metrics", "truncate_metrics", "NAMESPACES",
+           "CLEANRL_NAMES", "dashboard_scalars"]
 
 #: key prefix -> dashboard namespace (CleanRL style) for TensorBoard and W&B.
 NAMESPACES: dict[str, str] = {
@@ -21,6 +22,35 @@ NAMESPACES: dict[str, str] = {
     "ratio_": "policy", "clip_fraction": "policy", "frac_": "policy", "sps": "perf",
     "time_": "perf", "early_stop": "policy", "approx": "kl",
 }
+
+
+#: klppo metric -> CleanRL's name for the same quantity, logged next to klppo's own name so
+#: dashboards built for CleanRL runs work unchanged (docs/metrics.md maps every name).
+CLEANRL_NAMES: dict[str, str] = {
+    "episode_return_mean": "charts/episodic_return",
+    "episode_length_mean": "charts/episodic_length",
+    "lr": "charts/learning_rate",
+    "sps": "charts/SPS",
+    "value_loss": "losses/value_loss",
+    "loss_objective": "losses/policy_loss",
+    "entropy": "losses/entropy",
+    "kl_k3": "losses/approx_kl",
+    "kl_k1": "losses/old_approx_kl",
+    "clip_fraction": "losses/clipfrac",
+    "explained_variance": "losses/explained_variance",
+}
+
+
+def dashboard_scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """Every numeric metric under its klppo namespace, plus CleanRL's names where one exists."""
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or k == "global_step":
+            continue
+        out[namespaced(k)] = v
+        if k in CLEANRL_NAMES:
+            out[CLEANRL_NAMES[k]] = v
+    return out
 
 
 def namespaced(key: str) -> str:
@@ -64,9 +94,8 @@ class TensorBoardSink:
         self._w = SummaryWriter(str(log_dir))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
-        for k, v in metrics.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "global_step":
-                self._w.add_scalar(namespaced(k), v, step)
+        for k, v in dashboard_scalars(metrics).items():
+            self._w.add_scalar(k, v, step)
         self._w.flush()
 
     def close(self) -> None:
@@ -102,9 +131,7 @@ class WandbSink:
                                resume="allow", id=wandb_run_id(run_dir))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
-        self._run.log({namespaced(k): v for k, v in metrics.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)
-                       and k != "global_step"}, step=step)
+        self._run.log(dashboard_scalars(metrics), step=step)
 
     def close(self) -> None:
         self._run.finish()

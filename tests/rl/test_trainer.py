@@ -246,3 +246,11 @@ def test_tensorboard_events_when_installed(tmp_path):
     tags = acc.Tags()["scalars"]
     assert "charts/episode_return_mean" in tags and "kl/kl_rollout" in tags
     assert "policy/frac_kill" in tags and "losses/loss_critic" in tags
+    from klppo.runs.metrics import CLEANRL_NAMES
+
+    assert set(CLEANRL_NAMES.values()) <= set(tags)  # CleanRL's names next to klppo's
+    ret = [e.value for e in acc.Scalars("charts/episodic_return")]
+    assert ret == pytest.approx([m["episode_return_mean"] for m in res.metrics
+                                 if m["episode_return_mean"] is not None])
+    assert [e.step for e in acc.Scalars("losses/approx_kl")] == \
+        [m["global_step"] for m in res.metrics]
