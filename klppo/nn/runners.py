@@ -31,18 +31,19 @@ class TorchRunner:
     def __init__(self, agent: ActorCritic, seed: int) -> None:
         self.agent = agent
         self.head = agent.head
-        self.gen = torch.Generator().manual_seed(seed)
+        self.device = next(agent.parameters()).device  # the generator samples where it acts
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        params, value = self.agent(torch.from_numpy(obs))
+        params, value = self.agent(torch.from_numpy(obs).to(self.device))
         action = self.head.sample(params, self.gen)
         logp = self.head.log_prob(params, action)
-        return action.numpy(), logp.numpy(), params.numpy(), value.numpy()
+        return tuple(t.cpu().numpy() for t in (action, logp, params, value))
 
     @torch.inference_mode()
     def value(self, obs: np.ndarray) -> np.ndarray:
-        return self.agent.value(torch.from_numpy(obs)).numpy()
+        return self.agent.value(torch.from_numpy(obs).to(self.device)).cpu().numpy()
 
     def state_dict(self) -> dict[str, Any]:
         return {"torch_generator": self.gen.get_state()}

@@ -29,7 +29,7 @@ from klppo.rl.optim import ClippedAdam
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StepResult", "TorchStep", "NumpyStep", "make_backend"]
+__all__ = ["StepResult", "TorchStep", "NumpyStep", "make_backend", "resolve_device"]
 
 
 @dataclass
@@ -55,6 +55,11 @@ class StepResult:
         return self.kl.mean() if isinstance(self.kl, torch.Tensor) else float(np.mean(self.kl))
 
 
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    """Detached, on the CPU (a no-op there)."""
+    return t.detach().cpu()
+
+
 def _k3(log_r: torch.Tensor) -> float:
     return float((log_r.expm1() - log_r).mean())
 
@@ -66,21 +71,25 @@ class TorchStep:
 
     def __init__(self, agent: ActorCritic, loss: PPOLoss, p: PPOConfig) -> None:
         self.agent, self.head, self.loss, self.p = agent, agent.head, loss, p
+        self.device = next(agent.parameters()).device
         params = [q for q in agent.parameters() if q.requires_grad]
         self.optimizer = ClippedAdam(params, lr=p.lr, eps=p.adam_eps, max_norm=p.max_grad_norm)
 
     def begin(self, batch: Any, adv: torch.Tensor) -> None:
-        self.batch, self.adv = batch, adv
+        """Keep the rollout (on the network's device) for this update's minibatches."""
+        self.batch, self.adv = batch.to(self.device), adv.to(self.device)
 
     def k3(self, idx: torch.Tensor) -> float:
         """Sampled k3 KL(old || current) on a minibatch, before stepping on it."""
-        b = self.batch
+        b, idx = self.batch, idx.to(self.device)
         with torch.no_grad():
             params = self.agent.policy_params(b.obs[idx])
             return _k3(self.head.log_prob(params, b.actions[idx]) - b.logp[idx])
 
     def step(self, idx: torch.Tensor, beta: float) -> StepResult:
-        b, needs_kl = self.batch, self.loss.needs_analytic_kl
+        """One step; the detached outputs come back on the CPU (the diagnostics' device)."""
+        b, needs_kl, cpu_idx, idx = self.batch, self.loss.needs_analytic_kl, idx, \
+            idx.to(self.device)
         params, values = self.agent(b.obs[idx])
         logp_new = self.head.log_prob(params, b.actions[idx])
         with torch.set_grad_enabled(self.p.ent_coef > 0):
@@ -90,15 +99,16 @@ class TorchStep:
         out = self.loss(logp_new, b.logp[idx], self.adv[idx], values, b.returns[idx],
                         b.values[idx], entropy, kl if needs_kl else None, beta, diagnostics=False)
         grad_norm = self.optimizer.step(out["loss"])
-        terms = {k: out[k].detach() for k in ("loss", "loss_objective", "loss_critic",
-                                              "loss_entropy", "kl_penalty") if k in out}
-        return StepResult(idx, logp_new.detach(), values.detach(), entropy.detach(),
-                          kl.detach(), self.adv[idx], grad_norm, terms)
+        terms = {k: _cpu(out[k]) for k in ("loss", "loss_objective", "loss_critic",
+                                           "loss_entropy", "kl_penalty") if k in out}
+        return StepResult(cpu_idx, _cpu(logp_new), _cpu(values), _cpu(entropy), _cpu(kl),
+                          _cpu(self.adv[idx]), _cpu(grad_norm), terms)
 
     @torch.no_grad()
     def policy_kl(self, batch: Any) -> float:
         """Analytic KL(rollout policy || current policy), mean over the rollout."""
-        return float(self.head.kl(batch.params, self.agent.policy_params(batch.obs)).mean())
+        b = batch.to(self.device)
+        return float(self.head.kl(b.params, self.agent.policy_params(b.obs)).mean())
 
     def set_lr(self, lr: float) -> None:
         self.optimizer.set_lr(lr)
@@ -157,13 +167,33 @@ class NumpyStep:
         self.optimizer.load_state_dict(s)
 
 
-def make_backend(agent: ActorCritic, loss: PPOLoss, p: PPOConfig,
-                 fast_path: bool) -> TorchStep | NumpyStep:
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``auto`` (cuda when available) as a torch device; ValueError naming
+    the value when CUDA is asked for and not available."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no GPU found"
+        raise ValueError(f"device='cuda': CUDA is not available ({why}); use --device cpu or "
+                         f"auto")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"device={name!r}: must be cpu, cuda or auto")
+    return torch.device(name)
+
+
+def make_backend(agent: ActorCritic, loss: PPOLoss, p: PPOConfig, fast_path: bool,
+                 device: str = "cpu") -> TorchStep | NumpyStep:
     """The numpy backend when asked for and able to serve this network and objective exactly;
-    else torch (the reason logged when the fast path was asked for)."""
+    else torch on ``device`` (the reason logged when the fast path was asked for). The numpy
+    fast path runs on the CPU whatever ``device`` says, and says so."""
+    dev = resolve_device(device)
     if fast_path:
         why = fast_path_refusal(agent, loss)
         if why is None:
+            if dev.type != "cpu":
+                log.warning("device %s: the numpy fast path runs on the CPU; add --no-fast-path "
+                            "to train on %s with torch", dev, dev)
             return NumpyStep(agent, loss, p)
         log.warning("numpy fast path off: %s; rolling out and updating with torch", why)
+    agent.to(dev)
     return TorchStep(agent, loss, p)

@@ -170,6 +170,9 @@ class TrainConfig:
     """iterations between checkpoints (one is always written at the end)"""
     torch_threads: int = 1
     """torch intra-op threads (1 is fastest for small networks)"""
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    """where the torch path runs (auto: cuda when available); the numpy fast path is CPU-only,
+    so cuda needs --no-fast-path"""
     track: Literal["none", "wandb"] = "none"
     """also log to Weights & Biases (works with WANDB_MODE=offline)"""
     tensorboard: bool = True

@@ -35,7 +35,8 @@ class ClippedAdam:
                  fused: bool | None = None) -> None:
         self.params = list(params)
         self.lr, self.eps, self.betas, self.max_norm = float(lr), float(eps), betas, max_norm
-        self.fused = _HAS_FUSED if fused is None else (fused and _HAS_FUSED)
+        on_cpu = all(p.device.type == "cpu" for p in self.params)
+        self.fused = on_cpu and (_HAS_FUSED if fused is None else (fused and _HAS_FUSED))
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
         self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.params]
@@ -80,7 +81,7 @@ class ClippedAdam:
         """``{"lr", "m", "v", "t"}`` with the moments as flat float32 arrays in parameter order:
         the format of the numpy fast path's Adam too, so checkpoints do not depend on the
         backend."""
-        flat = lambda ts: np.concatenate([t.detach().reshape(-1).numpy() for t in ts])  # noqa: E731
+        flat = lambda ts: np.concatenate([t.detach().reshape(-1).cpu().numpy() for t in ts])  # noqa: E731,E501
         return {"lr": self.lr, "m": flat(self.exp_avg), "v": flat(self.exp_avg_sq),
                 "t": int(self.steps[0]) if self.steps else 0}
 
@@ -95,7 +96,7 @@ class ClippedAdam:
         at = 0
         for dm, dv, ds in zip(self.exp_avg, self.exp_avg_sq, self.steps):
             n = dm.numel()
-            dm.copy_(torch.from_numpy(m[at:at + n].copy()).view(dm.shape))
-            dv.copy_(torch.from_numpy(v[at:at + n].copy()).view(dv.shape))
+            dm.copy_(torch.from_numpy(m[at:at + n].copy()).view(dm.shape).to(dm.device))
+            dv.copy_(torch.from_numpy(v[at:at + n].copy()).view(dv.shape).to(dv.device))
             ds.fill_(t)
             at += n

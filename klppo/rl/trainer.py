@@ -23,7 +23,7 @@ from klppo.core.controllers import make_controller
 from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
 from klppo.protocol import final_return
-from klppo.rl.backends import make_backend
+from klppo.rl.backends import make_backend, resolve_device
 from klppo.rl.config import ConfigError, TrainConfig, from_dict, to_dict, validate
 from klppo.rl.envs import (
     ObsNormalizer,
@@ -85,7 +85,7 @@ class _Trainer:
         self.agent = ActorCritic(obs_dim, head, n.hidden, n.shared_trunk, n.separate_losses,
                                  n.log_std_init)
         loss = make_loss(cfg)
-        backend = make_backend(self.agent, loss, cfg.ppo, cfg.fast_path)  # before any views
+        backend = make_backend(self.agent, loss, cfg.ppo, cfg.fast_path, cfg.device)
         self.controller = make_controller(cfg.kl.controller, **cfg.kl.controller_options())
         self.uses_beta = loss.policy.uses_beta
         r = cfg.rollout
@@ -283,6 +283,7 @@ def train(config: TrainConfig,
     """
     validate(config)
     check_env(config.env)  # an unknown env or a missing extra fails before any directory exists
+    resolve_device(config.device)
     if config.track == "wandb":
         M.require_wandb()
     if config.out:
@@ -344,6 +345,7 @@ def resume(run_dir: str | Path,
     """
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
+    resolve_device(cfg.device)
     lock = R.DirLock(run_dir).acquire()
     R.remove_stale_temp_files(run_dir)
     try:

@@ -57,6 +57,12 @@ class Batch:
     def __len__(self) -> int:
         return self.obs.shape[0]
 
+    def to(self, device: torch.device) -> Batch:
+        """The batch on ``device`` (itself when it is there already)."""
+        if self.obs.device == torch.device(device):
+            return self
+        return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
 
 @dataclass
 class UpdateResult:
