@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from klppo.core.controllers import ControllerName
 from klppo.runs.configfile import field_hints, overlay
+from klppo.runs.device import resolve_device
 from klppo.runs.typecheck import TypeCheckError, check_value
 
 KLEstimatorLM = Literal["k1", "k3", "full"]
@@ -88,6 +89,9 @@ class RLHFConfig:
     """iterations between checkpoints"""
     torch_threads: int = 1
     """torch threads (1 per arm; arms run as parallel processes)"""
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    """where the policy and the reference run (auto: cuda when available); the reward model
+    and the bookkeeping stay on the CPU"""
 
     @property
     def episodes(self) -> int:
@@ -146,7 +150,15 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     if c.horizon is not None and not (math.isfinite(c.horizon) and c.horizon > 0):
         raise _bad("horizon", c.horizon, "must be finite and > 0 (or null)")
     _check_reward(c.reward)
+    _check_device(c.device)
     return c
+
+
+def _check_device(name: str) -> None:
+    try:
+        resolve_device(name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_reward(spec: str) -> None:

@@ -31,6 +31,7 @@ from klppo.lm.pretrain import encode, perplexity
 from klppo.lm.reward import RewardFn, checked, make_reward
 from klppo.lm.sampling import generate, response_mask
 from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_rewards
+from klppo.runs.device import resolve_device
 
 __all__ = ["Experiment", "TIMING_KEYS", "STATE_KEYS"]
 
@@ -86,8 +87,9 @@ class Experiment:
         torch.manual_seed(cfg.seed)
         lm, self.tok = load_lm(cfg.model)
         _check_lengths(cfg, lm)
-        self.ref = frozen_reference(lm)
-        self.policy = PolicyWithValue(lm)
+        self.device = resolve_device(cfg.device)
+        self.ref = frozen_reference(lm).to(self.device)
+        self.policy = PolicyWithValue(lm).to(self.device)
         self.policy.train()
         self.reward = reward or make_reward(cfg.reward)
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr, eps=1e-5)
@@ -100,7 +102,7 @@ class Experiment:
             raise ConfigError(f"controller={cfg.controller!r}: {e}") from None
         self.loss = PPOLoss("clip", eps=cfg.eps, vf_coef=cfg.vf_coef, value_clip=cfg.value_clip,
                             normalize_advantage="none")
-        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         self.train_ids, self.held_ids = corpus_ids(self.tok)
         if len(self.train_ids) <= cfg.prompt_len:
@@ -134,7 +136,8 @@ class Experiment:
     def prompts(self) -> torch.Tensor:
         c = self.cfg
         starts = self.rng.integers(0, len(self.train_ids) - c.prompt_len, c.batch_size)
-        return torch.from_numpy(np.stack([self.train_ids[s:s + c.prompt_len] for s in starts]))
+        ids = np.stack([self.train_ids[s:s + c.prompt_len] for s in starts])
+        return torch.from_numpy(ids).to(self.device)
 
     def iterate(self) -> dict[str, Any]:
         """Run iteration ``self.iteration + 1``; return its metrics."""
@@ -173,8 +176,10 @@ class Experiment:
               beta: float) -> dict[str, Any]:
         """Task score, per-token KL and rewards, GAE advantages (normalised) and returns."""
         c = self.cfg
+        s = {k: v.cpu() for k, v in score_sequences(self.policy, self.ref, prompts,
+                                                    responses).items()}  # the rest on the CPU
+        prompts, responses = prompts.cpu(), responses.cpu()
         mask = response_mask(responses, self.eos, c.stop_at_eos)
-        s = score_sequences(self.policy, self.ref, prompts, responses)
         texts_p, texts_r = self.tok.batch_decode(prompts), self.tok.batch_decode(responses)
         score = torch.tensor(checked(self.reward, texts_p, texts_r), dtype=torch.float32)
         kl = per_token_kl(c.kl_estimator, s["logp"], s["logp_ref"], mask, s["logits"],
@@ -218,19 +223,21 @@ class Experiment:
 
     def update(self, prompts: torch.Tensor, responses: torch.Tensor, b: dict[str, Any],
                beta: float) -> dict[str, float]:
-        c, s, mask = self.cfg, b["s"], b["mask"]
+        c, dev = self.cfg, self.device
+        s, mask, adv, ret = b["s"], b["mask"].to(dev), b["adv"].to(dev), b["ret"].to(dev)
         self.policy.train()
-        logp_old, v_old, logp_ref = s["logp"].detach(), s["values"].detach(), s["logp_ref"]
+        logp_old, v_old = s["logp"].detach().to(dev), s["values"].detach().to(dev)
+        logp_ref = s["logp_ref"].to(dev)
         sums: dict[str, float] = {}
         n = 0
         for _ in range(c.ppo_epochs):
-            perm = torch.randperm(c.batch_size, generator=self.gen)
+            perm = torch.randperm(c.batch_size, generator=self.gen, device=dev)
             for i in range(0, c.batch_size, c.minibatch_size):
                 idx = perm[i:i + c.minibatch_size]
                 cur = score_sequences(self.policy, None, prompts[idx], responses[idx], grad=True)
                 mk = mask[idx]
-                out = self.loss(cur["logp"][mk], logp_old[idx][mk], b["adv"][idx][mk],
-                                cur["values"][mk], b["ret"][idx][mk], v_old[idx][mk])
+                out = self.loss(cur["logp"][mk], logp_old[idx][mk], adv[idx][mk],
+                                cur["values"][mk], ret[idx][mk], v_old[idx][mk])
                 loss = out["loss"]
                 if c.kl_placement == "loss":  # GRPO: beta * k3(policy || reference) per token
                     kl_loss = sampled_kl(cur["logp"][mk], logp_ref[idx][mk], "k3").mean()

@@ -8,12 +8,14 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
 from klppo.lm.corpus import split_corpus
 from klppo.lm.model import small_gpt2, train_tokenizer
+from klppo.runs.device import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class PretrainConfig:
     """seed of the initialisation and the batch order"""
     torch_threads: int = 1
     """torch threads"""
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    """where the model trains (auto: cuda when available)"""
 
 
 def validate_pretrain(cfg: PretrainConfig) -> PretrainConfig:
@@ -67,7 +71,8 @@ def validate_pretrain(cfg: PretrainConfig) -> PretrainConfig:
         raise bad("seed", "must be an integer in [0, 2**32)")
     try:
         check_writable(cfg.out)
-    except OSError as e:
+        resolve_device(cfg.device)
+    except (OSError, ValueError) as e:
         raise ConfigError(str(e)) from None
     return cfg
 
@@ -91,7 +96,9 @@ def perplexity(model, ids: np.ndarray, seq_len: int = 128, max_windows: int = 20
     ``max_windows``, evenly spaced, so the estimate is deterministic)."""
     n = (len(ids) - 1) // seq_len
     picks = np.linspace(0, n - 1, min(n, max_windows)).astype(int)
+    device = next(model.parameters()).device
     x = torch.from_numpy(np.stack([ids[i * seq_len:(i + 1) * seq_len + 1] for i in picks]))
+    x = x.to(device)
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -119,6 +126,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
     train_ids, held_ids = encode(tok, split.train), encode(tok, split.held_out)
     t_tok = time.perf_counter() - t0
     model = small_gpt2(len(tok), n_positions=max(128, cfg.seq_len), seed=cfg.seed)
+    device = resolve_device(cfg.device)
+    model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     rng = np.random.default_rng(cfg.seed)
     ppl0 = perplexity(model, held_ids, cfg.seq_len)
@@ -130,6 +139,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
             g["lr"] = lr
         starts = rng.integers(0, len(train_ids) - cfg.seq_len - 1, cfg.batch_size)
         b = torch.from_numpy(np.stack([train_ids[s:s + cfg.seq_len + 1] for s in starts]))
+        b = b.to(device)
         logits = model(input_ids=b[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                  b[:, 1:].reshape(-1))
@@ -142,7 +152,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
     t_train = time.perf_counter() - t1
     ppl = perplexity(model, held_ids, cfg.seq_len)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    model.cpu().save_pretrained(out)
     tok.save_pretrained(out)
     result = {
         "held_out_perplexity": ppl,

@@ -26,6 +26,7 @@ from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.fastpath import FastStep, fast_path_refusal, flatten_parameters
 from klppo.rl.config import PPOConfig
 from klppo.rl.optim import ClippedAdam
+from klppo.runs.device import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -165,20 +166,6 @@ class NumpyStep:
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(s)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``cpu``, ``cuda`` or ``auto`` (cuda when available) as a torch device; ValueError naming
-    the value when CUDA is asked for and not available."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        why = "this torch build has no CUDA" if torch.version.cuda is None else "no GPU found"
-        raise ValueError(f"device='cuda': CUDA is not available ({why}); use --device cpu or "
-                         f"auto")
-    if name not in ("cpu", "cuda"):
-        raise ValueError(f"device={name!r}: must be cpu, cuda or auto")
-    return torch.device(name)
 
 
 def make_backend(agent: ActorCritic, loss: PPOLoss, p: PPOConfig, fast_path: bool,

@@ -23,7 +23,7 @@ from klppo.core.controllers import make_controller
 from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
 from klppo.protocol import final_return
-from klppo.rl.backends import make_backend, resolve_device
+from klppo.rl.backends import make_backend
 from klppo.rl.config import ConfigError, TrainConfig, from_dict, to_dict, validate
 from klppo.rl.envs import (
     ObsNormalizer,
@@ -40,6 +40,7 @@ from klppo.rl.update import Batch, Learner, make_loss
 from klppo.runs import checkpoint as ckpt
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
+from klppo.runs.device import resolve_device
 from klppo.runs.signals import StopRequest
 
 log = logging.getLogger(__name__)
