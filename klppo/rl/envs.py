@@ -160,6 +160,11 @@ def restore_env_state(env: Any, state: dict[str, Any] | None, env_id: str) -> Re
     return env.load_state_dict(state)
 
 
+def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
+    """``np.clip`` (NaN propagates alike) without its dispatch overhead, per step."""
+    return np.minimum(np.maximum(x, lo), hi)
+
+
 class RunningMeanStd:
     """Running mean and variance (parallel Welford / Chan et al.), float64."""
 
@@ -169,7 +174,11 @@ class RunningMeanStd:
         self.count = 1e-4
 
     def update(self, x: np.ndarray) -> None:
-        batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
+        n = x.shape[0]
+        if n == 1:  # one env (the MuJoCo presets): the same numbers without two reductions
+            batch_mean, batch_var = x[0], 0.0
+        else:
+            batch_mean, batch_var = x.mean(0), x.var(0)
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean = self.mean + delta * n / total
@@ -198,7 +207,7 @@ class ObsNormalizer:
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
         out = (obs - self.rms.mean) / np.sqrt(self.rms.var + 1e-8)
-        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+        return _clip(out, -self.clip, self.clip).astype(np.float32)
 
 
 class RewardScaler:
@@ -218,7 +227,7 @@ class RewardScaler:
         self.rms.update(self.ret)
         out = reward / np.sqrt(self.rms.var + 1e-8)
         self.ret[done] = 0.0
-        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+        return _clip(out, -self.clip, self.clip).astype(np.float32)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rms": self.rms.state_dict(), "ret": self.ret.copy()}

@@ -129,7 +129,8 @@ class Collector:
             b["logp"][t] = logp
             b["params"][t] = params
             b["values"][t] = value
-            env_action = np.clip(action, self.act_low, self.act_high) if self.box else action
+            env_action = (np.minimum(np.maximum(action, self.act_low), self.act_high)
+                          if self.box else action)  # np.clip, without its overhead
             obs, rew, term, trunc, info = self.env.step(env_action)
             rew = np.asarray(rew, dtype=np.float64)
             self._check(obs, rew, iteration, t)

@@ -31,6 +31,23 @@ class RestoreReport(list):
     """Problems found while restoring environment state (empty: the restore is exact)."""
 
 
+_STANDARD_WRAPPERS = (gym.wrappers.TimeLimit, gym.wrappers.OrderEnforcing,
+                      gym.wrappers.PassiveEnvChecker)
+
+
+def _bare(env: gym.Env) -> tuple[gym.Env, int | None] | None:
+    """``(unwrapped env, max_episode_steps)`` when every wrapper around ``env`` is one of
+    ``gym.make``'s standard three, else None (the env is then stepped with its wrappers)."""
+    limit, e = None, env
+    while isinstance(e, gym.Wrapper):
+        if not isinstance(e, _STANDARD_WRAPPERS):
+            return None
+        if isinstance(e, gym.wrappers.TimeLimit):
+            limit = e._max_episode_steps
+        e = e.env
+    return e, limit
+
+
 class SameStepVecEnv:
     """``num_envs`` copies of one Gymnasium env stepped in this process, SAME_STEP autoreset.
 
@@ -46,16 +63,36 @@ class SameStepVecEnv:
         self.make_env = make_env
         self.name = name
         self.num_envs = int(num_envs)
-        self.envs = [make_env() for _ in range(self.num_envs)]
+        self.envs, self.max_steps = self._make_all()
         first = self.envs[0]
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
+        self._elapsed = np.zeros(self.num_envs, np.int64)
         self._obs = np.zeros((self.num_envs, *self.single_observation_space.shape),
                              dtype=self.single_observation_space.dtype)
         self._starts: list[tuple[str, Any]] = [("seed", None)] * self.num_envs
         self._actions: list[list[Any]] = [[] for _ in range(self.num_envs)]
 
     # ------------------------------------------------------------------ stepping
+    def _make_all(self) -> tuple[list[gym.Env], int | None]:
+        """Fresh envs, stepped bare when ``gym.make`` only added its standard wrappers (time
+        limit, order enforcing, passive checker): the time limit is then counted here, with
+        TimeLimit's rule, and the per-step cost of three Python wrappers is saved."""
+        envs = [self.make_env() for _ in range(self.num_envs)]
+        bare = [_bare(e) for e in envs]
+        if all(b is not None for b in bare):
+            limits = {b[1] for b in bare}
+            if len(limits) == 1:
+                return [b[0] for b in bare], limits.pop()
+        return envs, None
+
+    def _step_one(self, i: int, a: Any) -> tuple[Any, float, bool, bool]:
+        o, r, term, trunc, _ = self.envs[i].step(a)
+        if self.max_steps is not None:
+            self._elapsed[i] += 1
+            trunc = trunc or bool(self._elapsed[i] >= self.max_steps)
+        return o, r, term, trunc
+
     def _reset_one(self, i: int, seed: int | None) -> Any:
         env = self.envs[i]
         if seed is None:
@@ -63,6 +100,8 @@ class SameStepVecEnv:
         else:
             self._starts[i] = ("seed", int(seed))
         self._actions[i] = []
+        if self.max_steps is not None:
+            self._elapsed[i] = 0
         obs, _ = env.reset(seed=seed)
         return obs
 
@@ -78,10 +117,10 @@ class SameStepVecEnv:
         term = np.zeros(n, np.bool_)
         trunc = np.zeros(n, np.bool_)
         final_obs = None
-        for i, env in enumerate(self.envs):
+        for i in range(n):
             a = actions[i]
             self._actions[i].append(a.copy() if isinstance(a, np.ndarray) else a)
-            o, rewards[i], term[i], trunc[i], _ = env.step(a)
+            o, rewards[i], term[i], trunc[i] = self._step_one(i, a)
             if term[i] or trunc[i]:
                 if final_obs is None:
                     final_obs = np.empty(n, dtype=object)
@@ -117,7 +156,7 @@ class SameStepVecEnv:
                             f"{self.num_envs} environments")
             return problems
         self.close()
-        self.envs = [self.make_env() for _ in range(self.num_envs)]
+        self.envs, self.max_steps = self._make_all()
         for i, ep in enumerate(state["episodes"]):
             problem = self._replay(i, ep["start"], ep["actions"], state["obs"][i])
             if problem:
@@ -136,7 +175,7 @@ class SameStepVecEnv:
         obs = self._reset_one(i, value)
         for t, a in enumerate(actions):
             self._actions[i].append(a)
-            obs, _, term, trunc, _ = env.step(a)
+            obs, _, term, trunc = self._step_one(i, a)
             if term or trunc:
                 return (f"{self.name}: sub-environment {i} ended its episode after {t + 1} of "
                         f"{len(actions)} replayed steps (the environment is not deterministic)")
