@@ -40,6 +40,7 @@ __all__ = [
     "ExponentialKL",
     "PIDKL",
     "STEP_PRESETS",
+    "is_fixed_fallback",
     "CONTROLLERS",
     "make_controller",
 ]
@@ -412,6 +413,16 @@ CONTROLLERS: dict[str, type[KLController]] = {
 }
 
 
+def _given(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def is_fixed_fallback(name: str, options: dict[str, Any]) -> bool:
+    """True when :func:`make_controller` turns ``proportional`` without a target into a fixed
+    beta (trlx's semantics)."""
+    return name == "proportional" and options.get("target") is None
+
+
 def make_controller(name: ControllerName, **options: Any) -> KLController:
     """Build a controller by name: ``fixed``, ``step``, ``proportional``, ``exponential``, ``pid``.
 
@@ -419,8 +430,15 @@ def make_controller(name: ControllerName, **options: Any) -> KLController:
     ``step``: ``preset`` (``ppo_paper``, ``rllib``, ``torchrl``, ``klip``) or ``hi_band``,
     ``lo_band``, ``increase``, ``decrease``; ``proportional``: ``horizon``, ``clip``;
     ``exponential``: ``gain``; ``pid``: ``kp``, ``ki``, ``kd``, ``p_ema``, ``d_ema``.
-    Options given as None are dropped (so a config can leave them unset).
+    Options given as None are dropped (so a config can leave them unset), except that
+    ``proportional`` with no target (absent or None) is a **fixed** beta, as in trlx, where a
+    missing ``target`` selects the fixed controller; the caller can tell from
+    :func:`is_fixed_fallback` and should say so.
     """
+    if is_fixed_fallback(name, options):
+        ProportionalKL(**{**_given(options), "target": 1.0})  # the options must still be valid
+        return FixedKL(**{k: v for k, v in _given(options).items()
+                          if k in ("beta", "beta_min", "beta_max")})
     try:
         cls = CONTROLLERS[name]
     except KeyError:

@@ -13,6 +13,20 @@ name     per-sample value     bias                          variance / sign
 ``abs``  ``|log r|``          biased (upwards)              low; always >= 0
 =======  ===================  ============================  ===============================
 
+Two more, for users reproducing peers (in the RLHF direction, ``d = log q - log p = -log r``,
+e.g. ``d = logp - logp_ref``); both are **not** estimates of ``KL(q || p)``:
+
+================  ==================  ================================================
+``k3_flipped``    ``e^d - 1 - d``     trlx's k3 with the ratio flipped. Its mean is
+                                      ``chi^2(q || p) - KL(q || p)``; >= 0
+``tutorial``      ``e^d d``           the adaptive-KL RLHF tutorial's estimator. Its
+                                      mean is ``E_q[(q/p) log(q/p)]``, heavily biased
+                                      upwards: for ``q = N(0, 1)``, ``p = N(0.5, 1)``
+                                      (KL 0.125) it is ``0.375 e^0.25 = 0.48``; for
+                                      ``p = N(2, 1)`` (KL 2) ``6 e^4 = 328``. It can be
+                                      negative on a sample.
+================  ==================  ================================================
+
 Two uses in PPO, with the sampling side made explicit by the argument order of
 :func:`sampled_kl`:
 
@@ -40,7 +54,7 @@ from torch.utils.checkpoint import checkpoint
 
 from klppo.core._checks import check_same_shape, check_shapes_only, check_tensor
 
-Estimator = Literal["k1", "k2", "k3", "abs"]
+Estimator = Literal["k1", "k2", "k3", "abs", "k3_flipped", "tutorial"]
 KLUnit = Literal["per_sample_mean", "per_token_mean", "per_sequence_sum", "per_sequence_mean"]
 
 __all__ = [
@@ -48,6 +62,7 @@ __all__ = [
     "KLUnit",
     "ESTIMATORS",
     "ESTIMATOR_GRADS",
+    "NOT_KL",
     "sampled_kl",
     "k1",
     "k2",
@@ -90,13 +105,28 @@ def abs_kl(log_r: torch.Tensor) -> torch.Tensor:
     return abs(log_r)
 
 
+def k3_flipped(log_r: torch.Tensor) -> torch.Tensor:
+    """trlx's ``e^d - 1 - d`` with ``d = -log r``: mean chi^2 - KL, **not** the KL."""
+    return _xp(log_r).expm1(-log_r) + log_r
+
+
+def tutorial_kl(log_r: torch.Tensor) -> torch.Tensor:
+    """The RLHF tutorial's ``e^d d`` with ``d = -log r``: heavily biased, **not** the KL."""
+    return -log_r * _xp(log_r).exp(-log_r)
+
+
 #: name -> function of ``log r = log p - log q`` on samples from q. One small table, no if/elif.
 ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "k1": k1,
     "k2": k2,
     "k3": k3,
     "abs": abs_kl,
+    "k3_flipped": k3_flipped,
+    "tutorial": tutorial_kl,
 }
+
+#: estimators whose mean is not KL(q || p): selectable to reproduce a peer, with a warning
+NOT_KL: frozenset[str] = frozenset({"k3_flipped", "tutorial"})
 
 #: name -> d estimator / d log r (log r = logp_new - logp_old for the PPO trust region), on
 #: torch tensors or numpy arrays; tests check each against autograd on :data:`ESTIMATORS`.
@@ -105,6 +135,8 @@ ESTIMATOR_GRADS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "k2": lambda log_r: log_r,
     "k3": lambda log_r: _xp(log_r).expm1(log_r),
     "abs": lambda log_r: _xp(log_r).sign(log_r),
+    "k3_flipped": lambda log_r: -_xp(log_r).expm1(-log_r),
+    "tutorial": lambda log_r: (log_r - 1) * _xp(log_r).exp(-log_r),
 }
 
 

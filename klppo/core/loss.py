@@ -27,7 +27,7 @@ from klppo.core.objectives import (
 from klppo.core.values import ValueLossKind, explained_variance, value_loss
 
 ObjectiveName = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl"]
-KLEstimatorChoice = Literal["analytic", "k1", "k2", "k3", "abs"]
+KLEstimatorChoice = Literal["analytic", "k1", "k2", "k3", "abs", "k3_flipped", "tutorial"]
 
 __all__ = ["ObjectiveName", "PPOLoss", "PolicyTerm", "OBJECTIVES"]
 

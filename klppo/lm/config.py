@@ -11,9 +11,9 @@ from klppo.runs.configfile import field_hints, overlay
 from klppo.runs.device import resolve_device
 from klppo.runs.typecheck import TypeCheckError, check_value
 
-KLEstimatorLM = Literal["k1", "k3", "full"]
+KLEstimatorLM = Literal["k1", "k3", "full", "k3_flipped", "tutorial"]
 KLPlacement = Literal["reward", "loss"]
-KLUnitLM = Literal["per_sequence_sum", "per_token_mean"]
+KLUnitLM = Literal["per_sequence_sum", "per_token_mean", "per_token_mean_all"]
 
 __all__ = ["RLHFConfig", "ConfigError", "validate_rlhf", "config_from_dict"]
 
@@ -43,17 +43,22 @@ class RLHFConfig:
     reward: str = "vader"
     """task score: vader, or classifier:PATH[:LABEL] for a local HF classifier"""
     kl_estimator: KLEstimatorLM = "k1"
-    """per-token KL(policy || reference): k1, k3 or full (exact over the vocabulary)"""
+    """per-token KL(policy || reference): k1, k3 or full (exact over the vocabulary); to
+    reproduce peers: k3_flipped (trlx's e^d - 1 - d, mean chi^2 - KL) or tutorial (the adaptive-KL
+    tutorial's e^d d, heavily biased) - neither is the KL"""
     kl_placement: KLPlacement = "reward"
     """reward: -beta KL_t in every token's reward (Ziegler/TRL); loss: beta k3 in the loss (GRPO)"""
     kl_unit: KLUnitLM = "per_sequence_sum"
-    """unit of the KL fed to the controller and of the target"""
+    """unit of the KL fed to the controller and of the target: per_sequence_sum (nats per
+    sequence), per_token_mean (nats per response token), per_token_mean_all (trlx's per-token
+    mean over every position, padding included)"""
     controller: ControllerName = "proportional"
     """fixed, step, proportional, exponential or pid"""
     beta: float = 0.1
     """initial KL coefficient"""
-    target: float = 6.0
-    """target KL in kl_unit (Ziegler et al.: 6 nats per sequence)"""
+    target: float | None = 6.0
+    """target KL in kl_unit (Ziegler et al.: 6 nats per sequence); null with the proportional
+    controller: a fixed beta (trlx's semantics)"""
     horizon: float | None = None
     """proportional horizon in episodes (None: iterations * batch_size / 30)"""
     beta_min: float = 0.0
@@ -89,6 +94,12 @@ class RLHFConfig:
     """iterations between checkpoints"""
     torch_threads: int = 1
     """torch threads (1 per arm; arms run as parallel processes)"""
+    monitor_high: float = 2.0
+    """KL monitor: warn (log + kl_alarm_high) when the KL stays above this many times the target"""
+    monitor_low: float = 0.5
+    """KL monitor: warn (log + kl_alarm_low) when it stays below this fraction of the target"""
+    monitor_patience: int = 3
+    """KL monitor: consecutive iterations before a warning"""
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     """where the policy and the reference run (auto: cuda when available); the reward model
     and the bookkeeping stay on the CPU"""
@@ -114,7 +125,7 @@ def _bad(field: str, value: Any, why: str) -> ConfigError:
 _POSITIVE_INTS = ("iterations", "batch_size", "prompt_len", "response_len", "ppo_epochs",
                   "minibatch_size", "eval_every", "eval_windows", "eval_seq_len",
                   "checkpoint_every", "torch_threads")
-_POSITIVE_FLOATS = ("temperature", "lr", "eps", "value_clip", "max_grad_norm", "target")
+_POSITIVE_FLOATS = ("temperature", "lr", "eps", "value_clip", "max_grad_norm")
 _UNIT_FLOATS = ("gamma", "lam")
 
 
@@ -147,6 +158,13 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     if not c.beta_min <= c.beta <= c.beta_max:
         raise _bad("beta", c.beta, f"must be in [beta_min, beta_max] = [{c.beta_min}, "
                                    f"{c.beta_max}]")
+    if c.target is not None and not (math.isfinite(c.target) and c.target > 0):
+        raise _bad("target", c.target, "must be finite and > 0 (or null)")
+    if c.target is None and c.controller != "proportional" and c.controller != "fixed":
+        raise _bad("target", None, f"controller {c.controller!r} needs a target")
+    if not (c.monitor_high > 1 and 0 < c.monitor_low < 1 and c.monitor_patience >= 1):
+        raise _bad("monitor_high/low/patience", (c.monitor_high, c.monitor_low,
+                   c.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
     if c.horizon is not None and not (math.isfinite(c.horizon) and c.horizon > 0):
         raise _bad("horizon", c.horizon, "must be finite and > 0 (or null)")
     _check_reward(c.reward)

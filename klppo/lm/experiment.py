@@ -14,6 +14,7 @@ global generators, the iteration), so a run restored from it continues exactly.
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 import time
 from typing import Any
@@ -23,8 +24,9 @@ import torch
 
 from klppo.core.advantages import gae
 from klppo.core.controllers import make_controller
-from klppo.core.kl import per_sequence_sum, per_token_mean, sampled_kl
+from klppo.core.kl import NOT_KL, per_sequence_sum, per_token_mean, sampled_kl
 from klppo.core.loss import PPOLoss
+from klppo.core.monitor import KLMonitor
 from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf
 from klppo.lm.model import PolicyWithValue, frozen_reference, load_lm
 from klppo.lm.pretrain import encode, perplexity
@@ -32,6 +34,8 @@ from klppo.lm.reward import RewardFn, checked, make_reward
 from klppo.lm.sampling import generate, response_mask
 from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_rewards
 from klppo.runs.device import resolve_device
+
+log = logging.getLogger("klppo.lm.rlhf")
 
 __all__ = ["Experiment", "TIMING_KEYS", "STATE_KEYS"]
 
@@ -77,6 +81,31 @@ def _check_lengths(cfg: RLHFConfig, lm: Any) -> None:
         raise ConfigError(f"eval_seq_len={cfg.eval_seq_len!r}: exceeds the model's {n} positions")
 
 
+#: the unit of each kl_unit, for messages
+KL_UNITS = {"per_sequence_sum": "nats per sequence", "per_token_mean": "nats per token",
+            "per_token_mean_all": "nats per position (padding included)"}
+
+
+def measure_kl(kl: torch.Tensor, mask: torch.Tensor, unit: str) -> float:
+    """The controller's KL in ``unit``: per-sequence sum (mean over sequences), per-token mean
+    over response tokens, or trlx's mean over every position (padding counts as 0)."""
+    if unit == "per_sequence_sum":
+        return float(per_sequence_sum(kl, mask).mean())
+    if unit == "per_token_mean_all":
+        return float(torch.where(mask, kl, torch.zeros((), dtype=kl.dtype)).mean())
+    return float(per_token_mean(kl, mask))
+
+
+def _say_what_the_choices_mean(cfg: RLHFConfig) -> None:
+    """Log the choices that do something users may not expect."""
+    if cfg.controller == "proportional" and cfg.target is None:
+        log.warning("controller proportional with no target: a fixed beta %g (trlx's "
+                    "semantics)", cfg.beta)
+    if cfg.kl_estimator in NOT_KL:
+        log.warning("kl_estimator %s does not estimate KL(policy || reference) (see "
+                    "klppo.core.kl); chosen to reproduce a peer", cfg.kl_estimator)
+
+
 class Experiment:
     """Everything one RLHF run holds in memory. Construction loads and checks all inputs (the
     config, the model, the reward) and raises ``ConfigError`` naming the field on bad ones."""
@@ -110,6 +139,9 @@ class Experiment:
         self.eos = self.tok.eos_token_id
         self.ppl_initial = perplexity(self.policy.lm, self.held_ids, cfg.eval_seq_len,
                                       cfg.eval_windows)
+        self.kl_monitor = KLMonitor(cfg.target, cfg.monitor_high, cfg.monitor_low,
+                                    cfg.monitor_patience, KL_UNITS[cfg.kl_unit])
+        _say_what_the_choices_mean(cfg)
         self.iteration = 0
         self.saved_iteration = 0  # the iteration of the last checkpoint written or loaded
 
@@ -119,7 +151,7 @@ class Experiment:
                 "opt": self.opt.state_dict(), "ctrl": self.ctrl.state_dict(),
                 "gen": self.gen.get_state(), "rng": self.rng.bit_generator.state,
                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
-                "ppl_initial": self.ppl_initial}
+                "ppl_initial": self.ppl_initial, "kl_monitor": self.kl_monitor.state_dict()}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.policy.load_state_dict(s["policy"])
@@ -130,6 +162,8 @@ class Experiment:
         torch.set_rng_state(s["torch_rng"])
         random.setstate(s["python_rng"])
         self.ppl_initial = float(s.get("ppl_initial", self.ppl_initial))
+        if "kl_monitor" in s:
+            self.kl_monitor.load_state_dict(s["kl_monitor"])
         self.iteration = self.saved_iteration = int(s["iteration"])
 
     # ---------------------------------------------------------------- phases
@@ -153,13 +187,15 @@ class Experiment:
         t2 = time.perf_counter()
         stats = self.update(prompts, responses, b, beta)                    # 3. update
         t3 = time.perf_counter()
-        unit = per_sequence_sum if c.kl_unit == "per_sequence_sum" else None
-        measured = (float(unit(b["kl"], b["mask"]).mean()) if unit
-                    else float(per_token_mean(b["kl"], b["mask"])))
+        measured = measure_kl(b["kl"], b["mask"], c.kl_unit)
         self.ctrl.update(measured, n_steps=c.batch_size)                    # 4. controller
+        alarm = self.kl_monitor.update(measured)
+        if alarm.message:
+            log.warning("iteration %d: %s", it, alarm.message)
         self.iteration = it
         n_tok = int(b["mask"].sum())
         m = {**self.metrics(it, beta, measured, b, responses),              # 5. log
+             **alarm.as_metrics(),
              "tokens_per_second_generation": n_tok / max(t1 - t0, 1e-9),
              "tokens_per_second_scoring": n_tok / max(t2 - t1, 1e-9),
              "tokens_per_second_training": n_tok * c.ppo_epochs / max(t3 - t2, 1e-9),
@@ -213,7 +249,8 @@ class Experiment:
             "kl_k3_per_sequence_sum": float(per_sequence_sum(k3, mask).mean()),
             "kl_k1_per_token_mean": float(per_token_mean(k1, mask)),
             "kl_k3_per_token_mean": float(per_token_mean(k3, mask)),
-            "kl_target": c.target, "kl_abs_error": abs(measured - c.target),
+            "kl_target": c.target,
+            "kl_abs_error": None if c.target is None else abs(measured - c.target),
             "beta": beta, "beta_after": info.beta_after,
             "kl_relative_error": info.relative_error,
             "kl_error_clipped": float(info.error_clipped),

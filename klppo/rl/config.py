@@ -123,6 +123,13 @@ class KLConfig:
     """PID derivative gain"""
     cadence: Cadence = "iteration"
     """when the controller updates: after every minibatch, epoch, or iteration"""
+    monitor_high: float = 2.0
+    """KL monitor: warn (log + kl_alarm_high) when the controller's KL stays above this many
+    times its target"""
+    monitor_low: float = 0.5
+    """KL monitor: warn (log + kl_alarm_low) when it stays below this fraction of the target"""
+    monitor_patience: int = 3
+    """KL monitor: consecutive controller updates before a warning"""
     measure: KLMeasure = "rollout"
     """KL fed to it: last minibatch, epoch mean, or rollout (analytic KL(rollout policy || updated
     policy) over the whole rollout, the KLip baseline; needs cadence iteration)"""
@@ -270,6 +277,9 @@ def _validate_kl(cfg: TrainConfig) -> None:
     k = cfg.kl
     if k.controller not in CONTROLLERS:
         raise _bad("kl.controller", k.controller, f"must be one of {sorted(CONTROLLERS)}")
+    if not (k.monitor_high > 1 and 0 < k.monitor_low < 1 and k.monitor_patience >= 1):
+        raise _bad("kl.monitor_high/low/patience", (k.monitor_high, k.monitor_low,
+                   k.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
     if k.measure == "rollout" and k.cadence != "iteration":
         raise _bad("kl.measure", k.measure, "the rollout KL exists once per iteration: "
                    "use kl.cadence iteration")

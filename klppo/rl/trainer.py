@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from klppo.core.advantages import gae
-from klppo.core.controllers import make_controller
+from klppo.core.controllers import is_fixed_fallback, make_controller
+from klppo.core.kl import NOT_KL
+from klppo.core.monitor import KLMonitor
 from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
 from klppo.protocol import final_return
@@ -72,6 +74,16 @@ class TrainResult:
         return final_return(self.metrics)
 
 
+def _say_what_the_choices_mean(cfg: TrainConfig, loss: Any) -> None:
+    """Log the choices that do something users may not expect (once per run start)."""
+    if is_fixed_fallback(cfg.kl.controller, cfg.kl.controller_options()) and loss.policy.uses_beta:
+        log.warning("kl.controller proportional without kl.target: a fixed beta (trlx's "
+                    "semantics); set kl.target to adapt it")
+    if loss.policy.penalised and cfg.ppo.kl_estimator in NOT_KL:
+        log.warning("ppo.kl_estimator %s does not estimate KL(old || new) (see "
+                    "klppo.core.kl); chosen to reproduce a peer", cfg.ppo.kl_estimator)
+
+
 class _Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg = validate(cfg)
@@ -89,6 +101,10 @@ class _Trainer:
         backend = make_backend(self.agent, loss, cfg.ppo, cfg.fast_path, cfg.device)
         self.controller = make_controller(cfg.kl.controller, **cfg.kl.controller_options())
         self.uses_beta = loss.policy.uses_beta
+        k = cfg.kl
+        self.kl_monitor = KLMonitor(self.controller.target, k.monitor_high, k.monitor_low,
+                                    k.monitor_patience, "nats per sample")
+        _say_what_the_choices_mean(cfg, loss)
         r = cfg.rollout
         self.obs_norm = ObsNormalizer((obs_dim,), r.clip_obs) if r.norm_obs else None
         self.rew_scale = (RewardScaler(r.num_envs, cfg.ppo.gamma, r.clip_reward)
@@ -114,6 +130,7 @@ class _Trainer:
             "reward_scaler": None if self.rew_scale is None else self.rew_scale.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "env": env_state(self.env),
+            "kl_monitor": self.kl_monitor.state_dict(),
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> list[str]:
@@ -129,6 +146,8 @@ class _Trainer:
         if self.rew_scale is not None:
             self.rew_scale.load_state_dict(s["reward_scaler"])
         torch.set_rng_state(s["torch_rng"])
+        if "kl_monitor" in s:
+            self.kl_monitor.load_state_dict(s["kl_monitor"])
         problems = list(restore_env_state(self.env, s.get("env"), self.cfg.env))
         if problems:  # the env could not be restored: start new episodes, deterministically
             self.collector.reset(self.cfg.seed + self.iteration)
@@ -180,8 +199,19 @@ class _Trainer:
                      kl_relative_error=last["relative_error"],
                      kl_error_clipped=float(last["error_clipped"]),
                      beta_before=last["beta_before"], beta_after=last["beta_after"])
+        m.update(self._watch_kl(m, ctrl_updates))
         m.update(time_collect=t1 - t0, time_update=t2 - t1)
         return m
+
+    def _watch_kl(self, m: dict[str, Any], ctrl_updates: list[dict]) -> dict[str, float]:
+        """The KL monitor on the controller's input (the rollout KL when it did not update)."""
+        if not self.uses_beta:
+            return {}
+        observed = ctrl_updates[-1]["observed"] if ctrl_updates else m["kl_rollout"]
+        alarm = self.kl_monitor.update(float(observed))
+        if alarm.message:
+            log.warning("iteration %d: %s", m["iteration"], alarm.message)
+        return alarm.as_metrics()
 
 
 def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:

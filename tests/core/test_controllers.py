@@ -184,3 +184,19 @@ def test_non_finite_kl_and_unknown_controller_raise():
             c.update(bad)
     with pytest.raises(ValueError, match="controller must be one of"):
         make_controller("lagrange")
+
+
+def test_proportional_without_target_is_fixed_like_trlx():
+    """trlx: no target -> FixedKLController. klppo: make_controller says so through
+    is_fixed_fallback (the callers log it) and still checks the proportional options."""
+    from klppo.core.controllers import FixedKL, ProportionalKL, is_fixed_fallback
+
+    for opts in ({"beta": 0.05}, {"beta": 0.05, "target": None, "horizon": 10_000}):
+        c = make_controller("proportional", **opts)
+        assert isinstance(c, FixedKL) and c.value == 0.05
+        assert [c.update(d) for d in (0.1, 50.0, 0.0)] == [0.05] * 3
+        assert is_fixed_fallback("proportional", opts)
+    c = make_controller("proportional", beta=0.05, target=6.0)
+    assert isinstance(c, ProportionalKL) and not is_fixed_fallback("proportional", {"target": 6})
+    with pytest.raises(ValueError, match="horizon"):
+        make_controller("proportional", horizon=0)

@@ -196,7 +196,7 @@ def test_bad_inputs_raise_clear_errors():
         K.per_sequence_sum(torch.zeros(2, 3), torch.ones(3, 2, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("name", ["k1", "k2", "k3", "abs"])
+@pytest.mark.parametrize("name", ["k1", "k2", "k3", "abs", "k3_flipped", "tutorial"])
 def test_estimator_derivatives_match_autograd_in_torch_and_numpy(name):
     """ESTIMATOR_GRADS (used by the numpy fast path) is d estimator / d log r of ESTIMATORS,
     and both tables give the same numbers on numpy arrays as on torch tensors."""
@@ -213,3 +213,21 @@ def test_estimator_derivatives_match_autograd_in_torch_and_numpy(name):
     np.testing.assert_allclose(ESTIMATORS[name](x), ESTIMATORS[name](log_r.detach()).numpy(),
                                rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(ESTIMATOR_GRADS[name](x), closed.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_peer_estimators_are_what_their_docstrings_say():
+    """q = N(0, 1) samples, p = N(0.5, 1): KL(q || p) = 0.125; trlx's flipped k3 has mean
+    chi^2 - KL = e^0.25 - 1 - 0.125; the tutorial's e^d d has mean 0.375 e^0.25."""
+    import math
+
+    from klppo.core.kl import sampled_kl
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2_000_000, generator=g, dtype=torch.float64)
+    logq = -0.5 * x**2
+    logp = -0.5 * (x - 0.5) ** 2
+    mean = {n: float(sampled_kl(logq, logp, n).mean()) for n in ("k3", "k3_flipped", "tutorial")}
+    assert mean["k3"] == pytest.approx(0.125, rel=0.02)
+    assert mean["k3_flipped"] == pytest.approx(math.exp(0.25) - 1 - 0.125, rel=0.02)
+    assert mean["tutorial"] == pytest.approx(0.375 * math.exp(0.25), rel=0.02)
+    assert float(sampled_kl(logq, logp, "tutorial").min()) < 0  # negative on some samples
