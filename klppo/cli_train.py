@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
 import time
 from typing import Any
@@ -11,36 +12,84 @@ from typing import Any
 USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [FLAGS...]
        klppo train --resume RUN_DIR
 
-Presets: klip/cartpole, klip/lunarlander, klip/halfcheetah, klip/hopper, klip/walker2d,
-klip/ant, klip/humanoid. Every flag of the config is listed by `klppo train --help`."""
+Where the defaults come from (the config flags below override them):
+  --preset NAME       start from a preset: klip/cartpole, klip/lunarlander, klip/halfcheetah,
+                      klip/hopper, klip/walker2d, klip/ant, klip/humanoid
+  --config FILE.yaml  a YAML mapping of config fields, over the preset (e.g. examples/my.yaml)
+  --resume RUN_DIR    continue a run from its last checkpoint (its config.yaml; no other flags)"""
+
+
+def _clock(seconds: float) -> str:
+    """``m:ss`` (``h:mm:ss`` from an hour on)."""
+    s = int(max(0.0, seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
 
 
 class Progress:
-    """A progress bar on a terminal, periodic log lines otherwise."""
+    """A progress bar on a terminal, periodic log lines otherwise; both with elapsed time and
+    ETA. ``uses_beta`` False (an objective without a controller beta) shows ``beta -``."""
 
-    def __init__(self, total: int, start: int = 0) -> None:
+    def __init__(self, total: int, uses_beta: bool = True) -> None:
         self.total = total
         self.tty = sys.stdout.isatty()
         self.every = max(1, total // 20)
         self.t0 = time.perf_counter()
-        self.start = start
+        self.first: int | None = None  # iterations done before this process began
+        self.uses_beta = uses_beta
+        self.width = 0  # length of the last bar written (a shorter one is padded over it)
 
-    def __call__(self, m: dict[str, Any]) -> None:
+    def _times(self, it: int) -> str:
+        if self.first is None:
+            self.first = it - 1
+        elapsed = time.perf_counter() - self.t0
+        done = it - self.first
+        eta = elapsed / done * (self.total - it) if done > 0 else math.nan
+        return f"{_clock(elapsed)} elapsed, ETA {'-' if math.isnan(eta) else _clock(eta)}"
+
+    def line(self, m: dict[str, Any]) -> str:
         it = m["iteration"]
         ret = m.get("episode_return_mean")
         ret_s = "     -" if ret is None else f"{ret:8.1f}"
-        line = (f"iter {it:>5}/{self.total}  step {m['global_step']:>9,}  return {ret_s}  "
+        beta = f"{m['beta']:.4g}" if self.uses_beta else "-"
+        return (f"iter {it:>5}/{self.total}  step {m['global_step']:>9,}  return {ret_s}  "
                 f"kl {m['kl_rollout']:.4f}  kill {m.get('frac_kill', math.nan):.3f}  "
-                f"beta {m['beta']:.4g}  {m['sps']:,.0f} steps/s")
+                f"beta {beta}  {m['sps']:,.0f} steps/s  {self._times(it)}")
+
+    def __call__(self, m: dict[str, Any]) -> None:
+        it = m["iteration"]
+        line = self.line(m)
         if self.tty:
             width = 24
             done = int(width * it / self.total)
-            sys.stdout.write("\r[" + "#" * done + "." * (width - done) + "] " + line)
+            bar = "[" + "#" * done + "." * (width - done) + "] " + line
+            bar = bar[:shutil.get_terminal_size().columns - 1]  # a wrapped line defeats \r
+            sys.stdout.write("\r" + bar.ljust(self.width))
+            self.width = len(bar)
             sys.stdout.flush()
             if it == self.total:
                 sys.stdout.write("\n")
-        elif it % self.every == 0 or it == self.total or it == self.start + 1:
+        elif it % self.every == 0 or it == self.total or it == self.first + 1:
             print(line, flush=True)
+
+
+def announce_rounding(cfg) -> str | None:
+    """One line when ``total_steps`` is not a whole number of rollouts (the run does
+    ``num_iterations`` full rollouts), else None."""
+    if cfg.total_steps % cfg.batch_size == 0:
+        return None
+    n = cfg.num_iterations
+    return (f"note: total_steps {cfg.total_steps:,} is not a multiple of num_envs * num_steps = "
+            f"{cfg.batch_size:,}: the run will do {n:,} iterations = {n * cfg.batch_size:,} steps")
+
+
+def _progress(cfg) -> Progress:
+    from klppo.core.objectives import OBJECTIVES
+
+    note = announce_rounding(cfg)
+    if note is not None:
+        print(note, flush=True)
+    return Progress(cfg.num_iterations, uses_beta=OBJECTIVES[cfg.objective].uses_beta)
 
 
 def _load_base(known: argparse.Namespace):
@@ -93,7 +142,7 @@ def run_train(argv: list[str]) -> int:
     from klppo.rl.trainer import TrainingError, train
 
     try:
-        result = train(cfg, on_iteration=Progress(cfg.num_iterations))
+        result = train(cfg, on_iteration=_progress(cfg))
     except TrainingError as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return 1
@@ -121,7 +170,7 @@ def _resume(run_dir: str) -> int:
 
     try:
         cfg = read_run_config(run_dir)
-        result = resume(run_dir, on_iteration=Progress(cfg.num_iterations))
+        result = resume(run_dir, on_iteration=_progress(cfg))
     except TrainingError as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return 1
