@@ -19,13 +19,6 @@ Where the defaults come from (the config flags below override them):
   --resume RUN_DIR    continue a run from its last checkpoint (its config.yaml; no other flags)"""
 
 
-def _clock(seconds: float) -> str:
-    """``m:ss`` (``h:mm:ss`` from an hour on)."""
-    s = int(max(0.0, seconds))
-    h, m = divmod(s // 60, 60)
-    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
-
-
 class Progress:
     """A progress bar on a terminal, periodic log lines otherwise; both with elapsed time and
     ETA. ``uses_beta`` False (an objective without a controller beta) shows ``beta -``."""
@@ -42,10 +35,9 @@ class Progress:
     def _times(self, it: int) -> str:
         if self.first is None:
             self.first = it - 1
-        elapsed = time.perf_counter() - self.t0
-        done = it - self.first
-        eta = elapsed / done * (self.total - it) if done > 0 else math.nan
-        return f"{_clock(elapsed)} elapsed, ETA {'-' if math.isnan(eta) else _clock(eta)}"
+        from klppo.cli_common import elapsed_eta
+
+        return elapsed_eta(time.perf_counter() - self.t0, it - self.first, self.total - it)
 
     def line(self, m: dict[str, Any]) -> str:
         it = m["iteration"]
