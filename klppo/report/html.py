@@ -32,7 +32,7 @@ def img_tag(path: Path) -> str:
     return f'<img alt="{html.escape(Path(path).stem)}" src="data:image/png;base64,{data}">'
 
 
-def render_html(summaries, equivalences, figures, runs, skipped, notes) -> str:
+def render_html(summaries, equivalences, figures, runs, skipped, notes, smooth: int = 1) -> str:
     e = html.escape
     parts = ["<!doctype html><html><head><meta charset='utf-8'>",
              "<title>klppo report</title>", f"<style>{CSS}</style></head><body>",
@@ -62,6 +62,9 @@ def render_html(summaries, equivalences, figures, runs, skipped, notes) -> str:
         parts.append("<p class='muted'>No (env, seed) pair has both a clip and a "
                      "per_sample_kl run.</p>")
     parts.append("<h2>Figures</h2>")
+    if smooth > 1:
+        parts.append(f"<p class='muted'>Curves are trailing moving averages over {smooth} "
+                     "iterations (klppo report --smooth); the tables are not smoothed.</p>")
     for caption, path in figures:
         parts.append(f"<figure>{img_tag(path)}<figcaption>{e(caption)}</figcaption></figure>")
     if skipped or notes:
