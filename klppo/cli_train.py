@@ -111,7 +111,13 @@ def _errors() -> tuple[type[BaseException], ...]:
             ResumeError, TrainingError, ImportError, OSError, ValueError)
 
 
-def run_train(argv: list[str]) -> int:
+def parse_train(argv: list[str]):
+    """What ``klppo train ARGV`` would run, without running it: the validated ``TrainConfig``,
+    or the run directory (a ``str``) of ``--resume``. Bad input raises one of :func:`_errors`
+    with the one-line message the command prints; ``--help`` exits 0."""
+    from klppo import cli_common
+    from klppo.rl import config as C
+
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset")
     pre.add_argument("--config")
@@ -119,18 +125,22 @@ def run_train(argv: list[str]) -> int:
     known, rest = pre.parse_known_args(argv)
     if known.resume is not None:
         if rest or known.preset or known.config:
-            print("klppo train: --resume takes no other flags (the run's config.yaml is used)",
-                  file=sys.stderr)
-            return 2
-        return _resume(known.resume)
+            raise cli_common.FlagError("--resume takes no other flags (the run's config.yaml "
+                                       "is used)")
+        return known.resume
+    base = _load_base(known)
+    return C.validate(cli_common.parse_config_flags(C.TrainConfig, rest, "klppo train", base,
+                                                    USAGE))
+
+
+def run_train(argv: list[str]) -> int:
     try:
-        base = _load_base(known)
+        cfg = parse_train(argv)
     except _errors() as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return 2
-    cfg = _parse_flags(base, rest)
-    if cfg is None:
-        return 2
+    if isinstance(cfg, str):
+        return _resume(cfg)
     from klppo.rl.trainer import TrainingError, train
 
     try:
@@ -142,19 +152,6 @@ def run_train(argv: list[str]) -> int:
         print(f"klppo train: {e}", file=sys.stderr)
         return 2
     return _report(result)
-
-
-def _parse_flags(base, rest: list[str]):
-    """tyro's flags over ``base``, validated; None (after one line on stderr) when they are bad."""
-    from klppo import cli_common
-    from klppo.rl import config as C
-
-    try:
-        cfg = cli_common.parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE)
-        return C.validate(cfg)
-    except (cli_common.FlagError, C.ConfigError) as e:
-        print(f"klppo train: {e}", file=sys.stderr)
-        return None
 
 
 def _resume(run_dir: str) -> int:
