@@ -14,7 +14,7 @@ from pathlib import Path
 
 from klppo.report import figures as F
 from klppo.report.html import render_html
-from klppo.report.load import Run, load_runs
+from klppo.report.load import Run, describe_machine, load_runs
 from klppo.report.stats import Summary, summarize
 
 __all__ = ["Report", "make_report", "equivalence", "format_table"]
@@ -37,6 +37,8 @@ class Report:
     skipped: list[tuple[str, str]]
     figures: list[tuple[str, Path]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    machines: list[str] = field(default_factory=list)
+    """the machines (and software) the runs were measured on, one line each"""
 
 
 def equivalence(runs: list[Run]) -> list[Equivalence]:
@@ -160,9 +162,10 @@ def make_report(paths: list[str | Path], out_dir: str | Path, smooth: int = 1) -
         w.writerow(["env", "seed", "iterations", "max_abs_diff"])
         for e in eqs:
             w.writerow([e.env, e.seed, e.iterations, e.max_abs_diff])
+    machines = sorted({describe_machine(r.metadata) for r in runs})
     html = out / "report.html"
     html.write_text(render_html(summaries, eqs, figures, runs, loaded.skipped, notes,
-                                 smooth=smooth))
-    return Report(out, html, summaries, eqs, loaded.skipped, figures, notes)
+                                smooth=smooth, machines=machines))
+    return Report(out, html, summaries, eqs, loaded.skipped, figures, notes, machines)
 
 
