@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev
 
-.PHONY: venv demo test test-all lint bench rlhf clean
+.PHONY: venv demo demo-table test test-all lint bench rlhf clean
 
 venv: $(STAMP)
 
@@ -17,6 +17,14 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/klppo demo
+
+# Regenerate docs/results/cartpole-demo (tables with the machine they were measured on, and
+# report.html) from a demo run; `klppo demo` reuses the finished runs of an earlier one.
+demo-table: $(STAMP)
+	$(BIN)/klppo demo --out runs/demo
+	$(BIN)/python -m klppo.report.snapshot runs/demo docs/results/cartpole-demo \
+		--title "CartPole demo: the KLip-PPO four-way comparison" --command "make demo-table" \
+		--smooth 5
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -13,7 +13,7 @@ import sys
 from typing import Any, NoReturn, TypeVar
 
 __all__ = ["BAD_INPUT", "FAILED", "OneLineParser", "FlagError", "parse_config_flags",
-           "one_line", "say_error"]
+           "one_line", "say_error", "clock", "elapsed_eta"]
 
 T = TypeVar("T")
 
@@ -41,6 +41,19 @@ def one_line(err: BaseException | str) -> str:
 
 def say_error(command: str, err: BaseException | str) -> None:
     print(f"klppo {command}: {one_line(err)}", file=sys.stderr)
+
+
+def clock(seconds: float) -> str:
+    """``m:ss`` (``h:mm:ss`` from an hour on)."""
+    s = int(max(0.0, seconds))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
+def elapsed_eta(elapsed: float, done: int, left: int) -> str:
+    """``"0:10 elapsed, ETA 0:30"``: ``done`` units took ``elapsed`` s; ``left`` remain."""
+    eta = clock(elapsed / done * left) if done > 0 else "-"
+    return f"{clock(elapsed)} elapsed, ETA {eta}"
 
 
 def _tyro_error(text: str) -> str:

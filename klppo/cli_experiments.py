@@ -42,6 +42,9 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("report", help="tables, figures and report.html from runs or sweeps")
     p.add_argument("paths", nargs="+", help="run directories, sweep directories, or parents")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--smooth", type=int, default=1, metavar="K",
+                   help="figures: moving average over K iterations (default 1: raw curves; "
+                        "tables are never smoothed)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("demo", help="the main job: the KLip-PPO four-way comparison on "
                                     "CartPole (3 seeds), then the report")
@@ -164,7 +167,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return _guarded("sweep", body)
 
 
-def _check_report_args(paths: list[str], out: str) -> None:
+def _check_report_args(paths: list[str], out: str, smooth: int = 1) -> None:
+    if smooth < 1:
+        raise FlagError(f"--smooth={smooth}: must be an integer >= 1 (iterations)")
     for p in paths:
         if not Path(p).exists():
             raise FlagError(f"{p}: does not exist")
@@ -176,8 +181,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from klppo.report import format_table, make_report
 
     try:
-        _check_report_args(args.paths, args.out)
-        rep = make_report(args.paths, args.out)
+        _check_report_args(args.paths, args.out, args.smooth)
+        rep = make_report(args.paths, args.out, smooth=args.smooth)
     except (FlagError, OSError) as e:
         print(f"klppo report: {_one_line(e)}", file=sys.stderr)
         return 2

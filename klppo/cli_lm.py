@@ -8,7 +8,16 @@ import sys
 import time
 from pathlib import Path
 
+from klppo import cli_common
 from klppo.cli_common import BAD_INPUT, FAILED, OneLineParser, parse_config_flags, say_error
+
+LM_USAGE = """usage: klppo lm pretrain [FLAGS...]
+
+Language-model commands (they need the lm extra: pip install -e '.[lm]'):
+  pretrain   train the BPE tokenizer and the small GPT-2 reference on the Austen train split
+             and save both in the Hugging Face format (klppo lm pretrain --help: every flag)
+
+The RLHF experiment on such a model: klppo rlhf --help, klppo rlhf compare --help."""
 
 RLHF_USAGE = """klppo rlhf [--config FILE.yaml] [FLAGS...]
        klppo rlhf --resume RUN_DIR
@@ -34,9 +43,29 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, OSError, DirBusyError)
 
 
+class PretrainProgress:
+    """One line every ``every`` steps (and the first and last) with loss, elapsed time, ETA."""
+
+    def __init__(self, steps: int, lines: int = 20) -> None:
+        self.every = max(1, steps // lines)
+        self.t0 = time.perf_counter()
+
+    def __call__(self, m: dict) -> None:
+        step, steps = m["step"], m["steps"]
+        if step % self.every and step not in (1, steps):
+            return
+        times = cli_common.elapsed_eta(time.perf_counter() - self.t0, step, steps - step)
+        print(f"step {step:>{len(str(steps))}}/{steps}  loss {m['loss']:.3f}  lr {m['lr']:.2e}  "
+              f"{times}", flush=True)
+
+
 def run_lm(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(LM_USAGE)
+        return 0
     if not argv or argv[0] != "pretrain":
-        print("usage: klppo lm pretrain [--out DIR] [--steps N] ... (--help for all)",
+        what = f"unknown command {argv[0]!r}; " if argv else ""
+        print(f"klppo lm: {what}usage: klppo lm pretrain [FLAGS...] (klppo lm --help)",
               file=sys.stderr)
         return BAD_INPUT
     from klppo.lm.pretrain import PretrainConfig, pretrain, validate_pretrain
@@ -50,7 +79,7 @@ def run_lm(argv: list[str]) -> int:
     print(f"pretraining a small GPT-2 on the Austen train split ({cfg.steps} steps) ...",
           flush=True)
     try:
-        res = pretrain(cfg)
+        res = pretrain(cfg, on_step=PretrainProgress(cfg.steps))
     except Exception as e:  # noqa: BLE001 - a failed run is one line, exit 1
         say_error("lm pretrain", f"failed: {type(e).__name__}: {e}")
         return FAILED
@@ -143,11 +172,16 @@ def conclusion(summaries) -> list[str]:
 
 def _compare_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="klppo rlhf compare",
-                      description="fixed vs adaptive KL control, both regimes")
-    p.add_argument("--model", default="runs/lm/base", help="pretrained HF model directory")
-    p.add_argument("--out", default="runs/rlhf-compare")
-    p.add_argument("--iterations", type=int, default=150)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                      description="fixed vs adaptive KL control, both regimes: four arms per "
+                                  "seed (a too-strong and a too-weak fixed beta, and the "
+                                  "adaptive controller started from each), then the report")
+    p.add_argument("--model", default="runs/lm/base",
+                   help="pretrained HF model directory (klppo lm pretrain)")
+    p.add_argument("--out", default="runs/rlhf-compare",
+                   help="comparison directory (runs/ and report/)")
+    p.add_argument("--iterations", type=int, default=150, help="PPO iterations per arm")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (4 arms each)")
     p.add_argument("--strong-beta", type=float, default=2.0, help="too-strong fixed beta")
     p.add_argument("--weak-beta", type=float, default=0.04, help="too-weak fixed beta")
     p.add_argument("--adaptive", default="proportional", help="adaptive controller")

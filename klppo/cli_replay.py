@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="closed-loop noise seed")
     p.add_argument("--drift", type=float, default=1.0, help="plant: log-drift over the run")
     p.add_argument("--noise", type=float, default=0.3, help="plant: lognormal noise sigma")
-    p.add_argument("--out", default="replay", help="output directory (CSV, PNG)")
+    p.add_argument("--out", default="replay",
+                   help="directory for replay.csv and replay.png (created; default ./replay)")
     p.set_defaults(func=cmd_replay)
 
 
@@ -77,7 +78,7 @@ def _inputs(args: argparse.Namespace):
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from klppo.replay.lab import Plant, closed_loop, open_loop, tracking_metrics
+    from klppo.replay.lab import Plant, closed_loop, open_loop, trace_x_label, tracking_metrics
     from klppo.replay.plots import plot_lab
 
     try:
@@ -95,19 +96,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
         betas = {r.label: r.beta for r in results}
         rows = [(r.label, r.metrics) for r in results]
         title = f"closed loop: simulated plant (drift {args.drift:g}, noise {args.noise:g})"
+        xlabel = "controller update (one per simulated iteration)"
     else:
         betas = open_loop(kl, ctrls)
         kls = {"trace": kl}
         rows = [(label, tracking_metrics(kl, b, target, ctrls[label].beta_min,
                                          ctrls[label].beta_max)) for label, b in betas.items()]
         title = f"open loop: {args.trace}"
+        xlabel = trace_x_label(args.trace)
     with open(out / "replay.csv", "w", newline="") as f:
         w = csv.writer(f)
         labels = list(betas)
         w.writerow(["step", *(f"kl[{k}]" for k in kls), *(f"beta[{k}]" for k in labels)])
         for i, s in enumerate(steps):
             w.writerow([s, *(kls[k][i] for k in kls), *(betas[k][i] for k in labels)])
-    png = plot_lab(steps, kls, betas, target, title, out / "replay.png")
+    png = plot_lab(steps, kls, betas, target, title, out / "replay.png", xlabel)
     print(f"target {target:g} (nats per sample)")
     hdr = ("tracking_error", "overshoot", "settling_time", "time_at_bounds")
     print(f"{'controller':<42}" + "".join(f"{h:>16}" for h in hdr) + f"{'final beta':>12}")

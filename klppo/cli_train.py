@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
 import time
 from typing import Any
@@ -11,36 +12,76 @@ from typing import Any
 USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [FLAGS...]
        klppo train --resume RUN_DIR
 
-Presets: klip/cartpole, klip/lunarlander, klip/halfcheetah, klip/hopper, klip/walker2d,
-klip/ant, klip/humanoid. Every flag of the config is listed by `klppo train --help`."""
+Where the defaults come from (the config flags below override them):
+  --preset NAME       start from a preset: klip/cartpole, klip/lunarlander, klip/halfcheetah,
+                      klip/hopper, klip/walker2d, klip/ant, klip/humanoid
+  --config FILE.yaml  a YAML mapping of config fields, over the preset (e.g. examples/my.yaml)
+  --resume RUN_DIR    continue a run from its last checkpoint (its config.yaml; no other flags)"""
 
 
 class Progress:
-    """A progress bar on a terminal, periodic log lines otherwise."""
+    """A progress bar on a terminal, periodic log lines otherwise; both with elapsed time and
+    ETA. ``uses_beta`` False (an objective without a controller beta) shows ``beta -``."""
 
-    def __init__(self, total: int, start: int = 0) -> None:
+    def __init__(self, total: int, uses_beta: bool = True) -> None:
         self.total = total
         self.tty = sys.stdout.isatty()
         self.every = max(1, total // 20)
         self.t0 = time.perf_counter()
-        self.start = start
+        self.first: int | None = None  # iterations done before this process began
+        self.uses_beta = uses_beta
+        self.width = 0  # length of the last bar written (a shorter one is padded over it)
 
-    def __call__(self, m: dict[str, Any]) -> None:
+    def _times(self, it: int) -> str:
+        if self.first is None:
+            self.first = it - 1
+        from klppo.cli_common import elapsed_eta
+
+        return elapsed_eta(time.perf_counter() - self.t0, it - self.first, self.total - it)
+
+    def line(self, m: dict[str, Any]) -> str:
         it = m["iteration"]
         ret = m.get("episode_return_mean")
         ret_s = "     -" if ret is None else f"{ret:8.1f}"
-        line = (f"iter {it:>5}/{self.total}  step {m['global_step']:>9,}  return {ret_s}  "
+        beta = f"{m['beta']:.4g}" if self.uses_beta else "-"
+        return (f"iter {it:>5}/{self.total}  step {m['global_step']:>9,}  return {ret_s}  "
                 f"kl {m['kl_rollout']:.4f}  kill {m.get('frac_kill', math.nan):.3f}  "
-                f"beta {m['beta']:.4g}  {m['sps']:,.0f} steps/s")
+                f"beta {beta}  {m['sps']:,.0f} steps/s  {self._times(it)}")
+
+    def __call__(self, m: dict[str, Any]) -> None:
+        it = m["iteration"]
+        line = self.line(m)
         if self.tty:
             width = 24
             done = int(width * it / self.total)
-            sys.stdout.write("\r[" + "#" * done + "." * (width - done) + "] " + line)
+            bar = "[" + "#" * done + "." * (width - done) + "] " + line
+            bar = bar[:shutil.get_terminal_size().columns - 1]  # a wrapped line defeats \r
+            sys.stdout.write("\r" + bar.ljust(self.width))
+            self.width = len(bar)
             sys.stdout.flush()
             if it == self.total:
                 sys.stdout.write("\n")
-        elif it % self.every == 0 or it == self.total or it == self.start + 1:
+        elif it % self.every == 0 or it == self.total or it == self.first + 1:
             print(line, flush=True)
+
+
+def announce_rounding(cfg) -> str | None:
+    """One line when ``total_steps`` is not a whole number of rollouts (the run does
+    ``num_iterations`` full rollouts), else None."""
+    if cfg.total_steps % cfg.batch_size == 0:
+        return None
+    n = cfg.num_iterations
+    return (f"note: total_steps {cfg.total_steps:,} is not a multiple of num_envs * num_steps = "
+            f"{cfg.batch_size:,}: the run will do {n:,} iterations = {n * cfg.batch_size:,} steps")
+
+
+def _progress(cfg) -> Progress:
+    from klppo.core.objectives import OBJECTIVES
+
+    note = announce_rounding(cfg)
+    if note is not None:
+        print(note, flush=True)
+    return Progress(cfg.num_iterations, uses_beta=OBJECTIVES[cfg.objective].uses_beta)
 
 
 def _load_base(known: argparse.Namespace):
@@ -70,7 +111,13 @@ def _errors() -> tuple[type[BaseException], ...]:
             ResumeError, TrainingError, ImportError, OSError, ValueError)
 
 
-def run_train(argv: list[str]) -> int:
+def parse_train(argv: list[str]):
+    """What ``klppo train ARGV`` would run, without running it: the validated ``TrainConfig``,
+    or the run directory (a ``str``) of ``--resume``. Bad input raises one of :func:`_errors`
+    with the one-line message the command prints; ``--help`` exits 0."""
+    from klppo import cli_common
+    from klppo.rl import config as C
+
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset")
     pre.add_argument("--config")
@@ -78,22 +125,26 @@ def run_train(argv: list[str]) -> int:
     known, rest = pre.parse_known_args(argv)
     if known.resume is not None:
         if rest or known.preset or known.config:
-            print("klppo train: --resume takes no other flags (the run's config.yaml is used)",
-                  file=sys.stderr)
-            return 2
-        return _resume(known.resume)
+            raise cli_common.FlagError("--resume takes no other flags (the run's config.yaml "
+                                       "is used)")
+        return known.resume
+    base = _load_base(known)
+    return C.validate(cli_common.parse_config_flags(C.TrainConfig, rest, "klppo train", base,
+                                                    USAGE))
+
+
+def run_train(argv: list[str]) -> int:
     try:
-        base = _load_base(known)
+        cfg = parse_train(argv)
     except _errors() as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return 2
-    cfg = _parse_flags(base, rest)
-    if cfg is None:
-        return 2
+    if isinstance(cfg, str):
+        return _resume(cfg)
     from klppo.rl.trainer import TrainingError, train
 
     try:
-        result = train(cfg, on_iteration=Progress(cfg.num_iterations))
+        result = train(cfg, on_iteration=_progress(cfg))
     except TrainingError as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return 1
@@ -103,25 +154,12 @@ def run_train(argv: list[str]) -> int:
     return _report(result)
 
 
-def _parse_flags(base, rest: list[str]):
-    """tyro's flags over ``base``, validated; None (after one line on stderr) when they are bad."""
-    from klppo import cli_common
-    from klppo.rl import config as C
-
-    try:
-        cfg = cli_common.parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE)
-        return C.validate(cfg)
-    except (cli_common.FlagError, C.ConfigError) as e:
-        print(f"klppo train: {e}", file=sys.stderr)
-        return None
-
-
 def _resume(run_dir: str) -> int:
     from klppo.rl.trainer import TrainingError, read_run_config, resume
 
     try:
         cfg = read_run_config(run_dir)
-        result = resume(run_dir, on_iteration=Progress(cfg.num_iterations))
+        result = resume(run_dir, on_iteration=_progress(cfg))
     except TrainingError as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return 1

@@ -6,9 +6,10 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -113,9 +114,12 @@ def perplexity(model, ids: np.ndarray, seq_len: int = 128, max_windows: int = 20
     return math.exp(total / count)
 
 
-def pretrain(cfg: PretrainConfig) -> dict:
+def pretrain(cfg: PretrainConfig,
+             on_step: Callable[[dict[str, Any]], None] | None = None) -> dict:
     """Train tokenizer and LM; save both to ``cfg.out``; return the measured numbers.
 
+    ``on_step`` (if given) is called after every optimiser step with ``{"step", "steps",
+    "loss", "lr"}`` (step counts from 1; loss in nats per token); the library prints nothing.
     Bad input raises ``ConfigError`` before any work; ``cfg.out`` is created only to save."""
     validate_pretrain(cfg)
     torch.set_num_threads(cfg.torch_threads)
@@ -147,6 +151,9 @@ def pretrain(cfg: PretrainConfig) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if on_step is not None:
+            on_step({"step": step + 1, "steps": cfg.steps, "loss": float(loss.detach()),
+                     "lr": lr})
         if (step + 1) % 500 == 0:
             log.info("pretrain step %d loss %.3f", step + 1, float(loss.detach()))
     t_train = time.perf_counter() - t1

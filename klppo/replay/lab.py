@@ -35,7 +35,7 @@ from klppo.core.controllers import KLController, make_controller
 from klppo.runs.configfile import InputFileError, read_text
 
 __all__ = ["Plant", "load_trace", "parse_controller", "default_controllers", "open_loop",
-           "closed_loop", "tracking_metrics", "LoopResult"]
+           "closed_loop", "tracking_metrics", "LoopResult", "trace_x_label"]
 
 
 def load_trace(path: str | Path, column: str | None = None) -> tuple[list[float], list[float],
@@ -61,6 +61,15 @@ def load_trace(path: str | Path, column: str | None = None) -> tuple[list[float]
     if p.suffix == ".jsonl":
         return _trace_jsonl(p, text, column)
     return (*_trace_csv(p, text, column), None)
+
+
+def trace_x_label(path: str | Path) -> str:
+    """What :func:`load_trace`'s steps count, as an axis label."""
+    p = Path(path)
+    if p.is_dir() or p.suffix == ".jsonl":
+        return "environment steps (the run's global_step)"
+    header = next(csv.reader(io.StringIO(read_text(p, "trace"))), [])
+    return "step (the CSV's step column)" if "step" in header else "row of the CSV file"
 
 
 def _number(p: Path, where: str, col: str, v: object) -> float:

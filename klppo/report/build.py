@@ -14,7 +14,7 @@ from pathlib import Path
 
 from klppo.report import figures as F
 from klppo.report.html import render_html
-from klppo.report.load import Run, load_runs
+from klppo.report.load import Run, describe_machine, load_runs
 from klppo.report.stats import Summary, summarize
 
 __all__ = ["Report", "make_report", "equivalence", "format_table"]
@@ -37,6 +37,8 @@ class Report:
     skipped: list[tuple[str, str]]
     figures: list[tuple[str, Path]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    machines: list[str] = field(default_factory=list)
+    """the machines (and software) the runs were measured on, one line each"""
 
 
 def equivalence(runs: list[Run]) -> list[Equivalence]:
@@ -91,7 +93,42 @@ def _write_csv(path: Path, summaries: list[Summary]) -> None:
                         ";".join(f"{k}:{v}" for k, v in sorted(s.per_seed.items()))])
 
 
-def make_report(paths: list[str | Path], out_dir: str | Path) -> Report:
+def _env_figures(env: str, rs: list[Run], fig_dir: Path,
+                 smooth: int) -> list[tuple[str, Path]]:
+    """Learning curves; per penalised condition, KL vs target and beta (seeds overlaid); per
+    clip-like condition, the partition and beta_t. ``(caption, png)`` pairs."""
+    safe = env.replace("/", "-").replace(":", "-")
+    figures = [(f"{env}: learning curves",
+                F.save(F.learning_curves(env, rs, smooth), fig_dir, f"{safe}__curves"))]
+    penalised: dict[str, list[Run]] = defaultdict(list)
+    clip_like: dict[str, list[Run]] = defaultdict(list)
+    for r in rs:
+        if r.objective in ("kl_penalty", "clip_kl"):
+            penalised[r.condition].append(r)
+        elif r.objective in ("clip", "per_sample_kl") and "frac_kill" in r.metrics[0]:
+            clip_like[r.condition].append(r)
+    for cond, crs in sorted(penalised.items()):
+        seeds = ", ".join(str(r.seed) for r in sorted(crs, key=lambda r: r.seed))
+        what = "KL vs target and beta" if F.has_target(crs) is not None else \
+            "KL and beta (fixed beta: no target)"
+        note = f" {F.ANNEAL_NOTE}" if F.lr_anneals(crs) else ""
+        figures.append((f"{env} / {cond}: {what}, seeds {seeds}.{note}",
+                        F.save(F.kl_tracking(env, cond, crs, smooth), fig_dir,
+                               f"{safe}__{cond}__kl")))
+    for cond, crs in sorted(clip_like.items()):
+        figures.append((f"{env} / {cond}: partition (kill, pass, in) and beta_t",
+                        F.save(F.partitions(env, cond, crs, smooth), fig_dir,
+                               f"{safe}__{cond}__partition")))
+    return figures
+
+
+def make_report(paths: list[str | Path], out_dir: str | Path, smooth: int = 1) -> Report:
+    """Tables, figures and report.html for the runs under ``paths``, written to ``out_dir``.
+
+    ``smooth``: the figures' curves are trailing moving averages over that many iterations
+    (1: raw). The tables never smooth."""
+    if not isinstance(smooth, int) or isinstance(smooth, bool) or smooth < 1:
+        raise ValueError(f"smooth={smooth!r}: must be an integer >= 1 (iterations)")
     out = Path(out_dir)
     fig_dir = out / "figures"
     out.mkdir(parents=True, exist_ok=True)
@@ -112,22 +149,7 @@ def make_report(paths: list[str | Path], out_dir: str | Path) -> Report:
                 continue
             by_cond[r.condition][r.seed] = r.final_return
         summaries += [summarize(env, c, s) for c, s in sorted(by_cond.items())]
-        safe = env.replace("/", "-").replace(":", "-")
-        figures.append((f"{env}: learning curves",
-                        F.save(F.learning_curves(env, rs), fig_dir, f"{safe}__curves")))
-        for r in sorted(rs, key=lambda r: (r.condition, r.seed)):
-            if r.objective in ("kl_penalty", "clip_kl"):
-                figures.append((f"{env} / {r.condition} / seed {r.seed}: KL and beta",
-                                F.save(F.kl_tracking(env, r), fig_dir,
-                                       f"{safe}__{r.condition}__{r.seed}__kl")))
-        clip_like: dict[str, list[Run]] = defaultdict(list)
-        for r in rs:
-            if r.objective in ("clip", "per_sample_kl") and "frac_kill" in r.metrics[0]:
-                clip_like[r.condition].append(r)
-        for cond, crs in sorted(clip_like.items()):
-            figures.append((f"{env} / {cond}: partition and beta_t",
-                            F.save(F.partitions(env, cond, crs), fig_dir,
-                                   f"{safe}__{cond}__partition")))
+        figures += _env_figures(env, rs, fig_dir, smooth)
     eqs = equivalence(runs)
     table = format_table(summaries)
     (out / "final_returns.md").write_text(table + "\n")
@@ -140,8 +162,10 @@ def make_report(paths: list[str | Path], out_dir: str | Path) -> Report:
         w.writerow(["env", "seed", "iterations", "max_abs_diff"])
         for e in eqs:
             w.writerow([e.env, e.seed, e.iterations, e.max_abs_diff])
+    machines = sorted({describe_machine(r.metadata) for r in runs})
     html = out / "report.html"
-    html.write_text(render_html(summaries, eqs, figures, runs, loaded.skipped, notes))
-    return Report(out, html, summaries, eqs, loaded.skipped, figures, notes)
+    html.write_text(render_html(summaries, eqs, figures, runs, loaded.skipped, notes,
+                                smooth=smooth, machines=machines))
+    return Report(out, html, summaries, eqs, loaded.skipped, figures, notes, machines)
 
 

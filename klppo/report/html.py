@@ -32,7 +32,18 @@ def img_tag(path: Path) -> str:
     return f'<img alt="{html.escape(Path(path).stem)}" src="data:image/png;base64,{data}">'
 
 
-def render_html(summaries, equivalences, figures, runs, skipped, notes) -> str:
+def _machines(machines: list[str]) -> list[str]:
+    if not machines:
+        return []
+    items = "".join(f"<li>{html.escape(m)}</li>" for m in machines)
+    return ["<p class='muted'>Measured on (from the runs' metadata.json):</p>"
+            f"<ul class='muted'>{items}</ul><p class='muted'>Float results differ across "
+            "machines (CPU model, torch build, thread count): the same seed gives the same "
+            "numbers on the same machine and software, not necessarily on another.</p>"]
+
+
+def render_html(summaries, equivalences, figures, runs, skipped, notes, smooth: int = 1,
+                machines: list[str] | None = None) -> str:
     e = html.escape
     parts = ["<!doctype html><html><head><meta charset='utf-8'>",
              "<title>klppo report</title>", f"<style>{CSS}</style></head><body>",
@@ -40,6 +51,7 @@ def render_html(summaries, equivalences, figures, runs, skipped, notes) -> str:
              f"<p class='muted'>{len(runs)} runs loaded, {len(skipped)} skipped. Final return: "
              "mean of training-episode returns over the last 10% of environment steps per seed; "
              "mean and population std over seeds; IQM with a bootstrap 95% CI.</p>",
+             *_machines(machines or []),
              "<h2>Final return</h2><table><tr><th>env</th><th>condition</th><th>seeds</th>"
              "<th>mean ± std</th><th>IQM [95% CI]</th><th>per seed</th></tr>"]
     for s in summaries:
@@ -62,6 +74,9 @@ def render_html(summaries, equivalences, figures, runs, skipped, notes) -> str:
         parts.append("<p class='muted'>No (env, seed) pair has both a clip and a "
                      "per_sample_kl run.</p>")
     parts.append("<h2>Figures</h2>")
+    if smooth > 1:
+        parts.append(f"<p class='muted'>Curves are trailing moving averages over {smooth} "
+                     "iterations (klppo report --smooth); the tables are not smoothed.</p>")
     for caption, path in figures:
         parts.append(f"<figure>{img_tag(path)}<figcaption>{e(caption)}</figcaption></figure>")
     if skipped or notes:

@@ -12,7 +12,7 @@ import yaml
 from klppo.protocol import final_return
 from klppo.runs.metrics import read_metrics
 
-__all__ = ["Run", "Loaded", "load_runs", "condition_of"]
+__all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine"]
 
 
 @dataclass
@@ -23,6 +23,8 @@ class Run:
     condition: str
     status: str | None
     notes: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """the run's metadata.json ({} when missing or unreadable)"""
 
     @property
     def env(self) -> str:
@@ -108,6 +110,39 @@ def _read_state(path: Path) -> str | None:
     return status.get("state") if isinstance(status, dict) else None
 
 
+def _read_metadata(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def describe_machine(meta: dict[str, Any]) -> str:
+    """One line naming the machine and software a run was measured on, from its metadata.json
+    (``machine`` is recorded since klppo 0.1; older runs give host and platform only)."""
+    m = meta.get("machine") if isinstance(meta.get("machine"), dict) else {}
+    parts = []
+    if m.get("cpu"):
+        parts.append(f"{m['cpu']} CPU" + (f" ({m['cpu_count']} logical cores)"
+                                          if m.get("cpu_count") else ""))
+    elif m.get("cpu_count"):
+        parts.append(f"{m['cpu_count']} logical cores")
+    if m:
+        parts.append(f"GPU {m['gpu']}" if m.get("gpu") else "no GPU")
+    if meta.get("platform"):
+        parts.append(str(meta["platform"]))
+    if meta.get("python"):
+        parts.append(f"Python {meta['python']}")
+    pk = meta.get("packages") if isinstance(meta.get("packages"), dict) else {}
+    if pk.get("torch"):
+        parts.append(f"torch {pk['torch']}")
+    if meta.get("klppo_version"):
+        commit = str(meta.get("git_commit") or "")[:10]
+        parts.append(f"klppo {meta['klppo_version']}" + (f" ({commit})" if commit else ""))
+    return ", ".join(parts) or "not recorded (no metadata.json)"
+
+
 def _read_run(path: Path, condition: str | None) -> Run:
     cfg_path, met_path = path / "config.yaml", path / "metrics.jsonl"
     if not cfg_path.exists():
@@ -121,7 +156,8 @@ def _read_run(path: Path, condition: str | None) -> Run:
     if not usable:
         raise _Skip("metrics.jsonl holds no complete record")
     status = _read_state(path / "status.json")
-    run = Run(path, config, usable, condition or condition_of(config), status)
+    run = Run(path, config, usable, condition or condition_of(config), status,
+              metadata=_read_metadata(path / "metadata.json"))
     if bad:
         run.notes.append(f"skipped {bad} malformed line(s) in metrics.jsonl (killed mid-write?)")
     if status not in (None, "finished"):

@@ -188,6 +188,33 @@ def _versions(names: tuple[str, ...]) -> dict[str, str | None]:
     return out
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name (Linux /proc/cpuinfo; elsewhere platform.processor())."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on: CPU model, logical CPUs, architecture, and the GPU
+    (None when torch is not loaded or has no CUDA device). Float results differ across
+    machines, so every run records this."""
+    gpu = None
+    torch = sys.modules.get("torch")  # never imported here just to ask
+    try:
+        if torch is not None and torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - a broken CUDA set-up is not the run's problem
+        gpu = None
+    return {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "arch": platform.machine(),
+            "gpu": gpu}
+
+
 def write_metadata(run_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     import klppo
 
@@ -200,6 +227,7 @@ def write_metadata(run_dir: Path, extra: dict[str, Any] | None = None) -> dict[s
         "command_line": sys.argv,
         "host": socket.gethostname(),
         "platform": platform.platform(),
+        "machine": machine(),
         "start_time": datetime.now(timezone.utc).isoformat(),
         **(extra or {}),
     }

@@ -80,3 +80,38 @@ def test_replay_cli_open_and_closed_loop(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "tracking_error" in out and "pid" in out and "proportional" in out
     assert main(["replay", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_replay_writes_where_asked_and_nowhere_else(tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    out = tmp_path / "elsewhere" / "lab"
+    assert main(["replay", "--closed-loop", "--steps", "20", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["replay.csv", "replay.png"]
+    assert list(cwd.iterdir()) == []
+
+
+def test_lab_figure_has_a_beta_legend_and_says_what_x_counts():
+    from klppo.replay.plots import lab_figure
+
+    steps = [0, 1, 2]
+    betas = {"fixed:beta=1": [1.0, 1.0, 1.0], "step:preset=rllib": [1.0, 1.5, 2.25]}
+    fig = lab_figure(steps, {"trace": [0.01, 0.02, 0.03]}, betas, 0.02, "t",
+                     xlabel="environment steps (the run's global_step)")
+    kl_ax, beta_ax = fig.axes
+    assert [t.get_text() for t in beta_ax.get_legend().get_texts()] == list(betas)
+    assert beta_ax.get_xlabel() == "environment steps (the run's global_step)"
+    assert "target 0.02" in [t.get_text() for t in kl_ax.get_legend().get_texts()]
+
+
+def test_trace_x_label_names_the_steps_load_trace_returns(tmp_path):
+    from klppo.replay.lab import trace_x_label
+
+    (tmp_path / "metrics.jsonl").write_text('{"global_step": 512, "kl_rollout": 0.01}\n')
+    (tmp_path / "a.csv").write_text("step,kl\n10,0.01\n")
+    (tmp_path / "b.csv").write_text("kl\n0.01\n")
+    assert "global_step" in trace_x_label(tmp_path)
+    assert "global_step" in trace_x_label(tmp_path / "metrics.jsonl")
+    assert trace_x_label(tmp_path / "a.csv") == "step (the CSV's step column)"
+    assert trace_x_label(tmp_path / "b.csv") == "row of the CSV file"

@@ -1,0 +1,76 @@
+"""docs/results snapshots: written by a command, with the machine the numbers came from."""
+
+import json
+from pathlib import Path
+
+from klppo.report.load import describe_machine
+from klppo.report.snapshot import FLOAT_NOTE, main, write_snapshot
+from tests.report.test_report import fake_run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+META = {"klppo_version": "0.1.0", "git_commit": "0123456789abcdef", "python": "3.11.7",
+        "packages": {"torch": "2.13.0+cpu"}, "platform": "Linux-6.1-x86_64",
+        "machine": {"cpu": "AMD EPYC", "cpu_count": 2, "arch": "x86_64", "gpu": None}}
+MACHINE = ("AMD EPYC CPU (2 logical cores), no GPU, Linux-6.1-x86_64, Python 3.11.7, "
+           "torch 2.13.0+cpu, klppo 0.1.0 (0123456789)")
+
+
+def test_describe_machine():
+    assert describe_machine(META) == MACHINE
+    gpu = {**META, "machine": {**META["machine"], "gpu": "NVIDIA H100"}}
+    assert "GPU NVIDIA H100" in describe_machine(gpu)
+    old = {"platform": "Linux-5", "python": "3.11.7"}  # before the machine field
+    assert describe_machine(old) == "Linux-5, Python 3.11.7"
+    assert describe_machine({}) == "not recorded (no metadata.json)"
+
+
+def test_snapshot_names_the_machine_and_the_command(tmp_path):
+    for seed in (0, 1):
+        for obj in ("clip", "per_sample_kl"):
+            d = fake_run(tmp_path / "runs", f"{obj}{seed}", "Env-v0", obj, seed, [1.0, 2.0])
+            (d / "metadata.json").write_text(json.dumps(META))
+    rep = write_snapshot([tmp_path / "runs"], tmp_path / "snap", "Demo", "make demo-table")
+    md = (tmp_path / "snap" / "final_returns.md").read_text()
+    assert md.startswith("# Demo\n")
+    assert f"Measured on: {MACHINE}." in md and FLOAT_NOTE in md
+    assert "Regenerate with `make demo-table`" in md
+    assert "| Env-v0 | clip | 2 | 2.0 ± 0.0 |" in md
+    eq = (tmp_path / "snap" / "equivalence.md").read_text()
+    assert f"Measured on: {MACHINE}." in eq and "| Env-v0 | 1 | 2 | 0 |" in eq
+    html = (tmp_path / "snap" / "report.html").read_text()
+    assert "Measured on" in html and "AMD EPYC CPU" in html
+    assert sorted(p.name for p in (tmp_path / "snap").iterdir()) == [
+        "equivalence.md", "final_returns.md", "report.html"]
+    assert rep.machines == [MACHINE]
+
+
+def test_snapshot_command(tmp_path, capsys):
+    fake_run(tmp_path / "runs", "a", "Env-v0", "clip", 0, [1.0, 2.0])
+    assert main([str(tmp_path / "runs"), str(tmp_path / "snap"), "--title", "T",
+                 "--smooth", "2"]) == 0
+    assert "over 2 iterations" in (tmp_path / "snap" / "report.html").read_text()
+    assert "not recorded" in (tmp_path / "snap" / "final_returns.md").read_text()
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty"), str(tmp_path / "s2")]) == 2
+    assert "no readable run" in capsys.readouterr().err
+
+
+def test_docs_results_snapshots_name_their_machine():
+    docs = ROOT / "docs" / "results"
+    snapshots = [p for p in docs.rglob("*.md") if p.name != "README.md"]
+    assert len(snapshots) >= 5
+    for p in snapshots:
+        text = p.read_text()
+        assert "Measured on" in text and "differ across machines" in text, p
+    readme = (docs / "README.md").read_text()
+    assert "differ across machines" in readme and "make demo-table" in readme
+    demo = (docs / "cartpole-demo" / "final_returns.md").read_text()
+    assert "Regenerate with `make demo-table`" in demo
+
+
+def test_make_demo_table_regenerates_the_demo_snapshot():
+    make = (ROOT / "Makefile").read_text()
+    target = make.split("\ndemo-table:", 1)[1].split("\n\n", 1)[0]
+    assert "klppo demo --out runs/demo" in target
+    assert "-m klppo.report.snapshot runs/demo docs/results/cartpole-demo" in target

@@ -1,0 +1,47 @@
+"""The files in examples/ (the README's my.yaml, sweep.yaml and rlhf.yaml) work."""
+
+import dataclasses
+from pathlib import Path
+
+import yaml
+
+from klppo.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def test_train_with_examples_my_yaml(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "klip/cartpole", "--config", str(EXAMPLES / "my.yaml"),
+                 "--total-steps", "1024", "--out", str(out), "--no-tensorboard"]) == 0
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    mine = yaml.safe_load((EXAMPLES / "my.yaml").read_text())
+    assert saved["total_steps"] == 1024  # the flag wins over the file
+    assert saved["objective"] == mine["objective"] and saved["ppo"]["lr"] == mine["ppo"]["lr"]
+    assert {k: saved["kl"][k] for k in mine["kl"]} == mine["kl"]
+    assert "status: finished" in capsys.readouterr().out
+
+
+def test_examples_sweep_yaml_is_the_readme_flag_sweep():
+    from klppo.cli_experiments import spec_from_args
+    from klppo.experiments.sweep import expand, load_spec
+
+    plans = expand(load_spec(EXAMPLES / "sweep.yaml"))
+    assert len(plans) == 18 and len({p.name for p in plans}) == 18
+    assert {p.config.ppo.lr for p in plans} == {0.0003, 0.001}
+    assert {p.config.objective for p in plans} == {"clip", "per_sample_kl", "kl_penalty"}
+    flags = build_parser().parse_args(
+        ["sweep", "--out", "x", "--objectives", "clip", "per_sample_kl", "kl_penalty",
+         "--seeds", "0", "1", "2", "--set", "total_steps=51200", "--grid",
+         "ppo.lr=0.0003,0.001"])
+    by_flags = {p.name: dataclasses.asdict(p.config) for p in expand(spec_from_args(flags))}
+    assert {p.name: dataclasses.asdict(p.config) for p in plans} == by_flags
+
+
+def test_examples_rlhf_yaml_is_a_valid_rlhf_config():
+    from klppo.lm.config import config_from_dict
+    from klppo.runs.configfile import read_config_file
+
+    cfg = config_from_dict(read_config_file(str(EXAMPLES / "rlhf.yaml"), "config"))
+    assert cfg.controller == "proportional" and cfg.target == 6.0
