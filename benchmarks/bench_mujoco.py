@@ -23,10 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
+
+from _proc import run
 
 RAW = """
 import time, numpy as np, gymnasium as gym
@@ -71,17 +70,6 @@ model = PPO("MlpPolicy", env, n_steps=2048, batch_size=64, n_epochs=10,
 model.learn(total_timesteps={steps})
 print("RESULT", model.num_timesteps)
 """
-
-
-def run(code: str) -> tuple[float, list[str]]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t
-    if out.returncode:
-        raise RuntimeError(out.stderr[-3000:])
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    return wall, line.split()[1:]
 
 
 def bench_task(task: str, steps: int, sb3: bool) -> dict:

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
-import time
+
+from _proc import run
 
 SETTINGS = {
     "preset": dict(envs=4, steps=128, epochs=10, minibatch=64, total=100_000),
@@ -62,17 +61,6 @@ for i in range(n):
     env.step(acts ^ (i & 1))
 print("RESULT", n * {envs} / (time.perf_counter() - t), None)
 """
-
-
-def run(code: str) -> tuple[float, list[str]]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t
-    if out.returncode:
-        raise RuntimeError(out.stderr[-3000:])
-    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    return wall, line.split()[1:]
 
 
 def main() -> None:

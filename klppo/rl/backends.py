@@ -65,7 +65,28 @@ def _k3(log_r: torch.Tensor) -> float:
     return float((log_r.expm1() - log_r).mean())
 
 
-class TorchStep:
+class _Backend:
+    """What both backends share: the optimiser's lr and state, and the k3 early-stop check
+    (``agent``, ``optimizer``, ``batch`` and ``device`` are set by the subclasses)."""
+
+    def k3(self, idx: torch.Tensor) -> float:
+        """Sampled k3 KL(old || current) on a minibatch, before stepping on it."""
+        b, idx = self.batch, idx.to(self.device)
+        with torch.no_grad():
+            params = self.agent.policy_params(b.obs[idx])
+            return _k3(self.agent.head.log_prob(params, b.actions[idx]) - b.logp[idx])
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.set_lr(lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(s)
+
+
+class TorchStep(_Backend):
     """Autograd through ``PPOLoss`` and a fused clipped Adam; any network."""
 
     fast = False
@@ -80,12 +101,6 @@ class TorchStep:
         """Keep the rollout (on the network's device) for this update's minibatches."""
         self.batch, self.adv = batch.to(self.device), adv.to(self.device)
 
-    def k3(self, idx: torch.Tensor) -> float:
-        """Sampled k3 KL(old || current) on a minibatch, before stepping on it."""
-        b, idx = self.batch, idx.to(self.device)
-        with torch.no_grad():
-            params = self.agent.policy_params(b.obs[idx])
-            return _k3(self.head.log_prob(params, b.actions[idx]) - b.logp[idx])
 
     def step(self, idx: torch.Tensor, beta: float) -> StepResult:
         """One step; the detached outputs come back on the CPU (the diagnostics' device)."""
@@ -111,20 +126,13 @@ class TorchStep:
         b = batch.to(self.device)
         return float(self.head.kl(b.params, self.agent.policy_params(b.obs)).mean())
 
-    def set_lr(self, lr: float) -> None:
-        self.optimizer.set_lr(lr)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(s)
 
 
-class NumpyStep:
+class NumpyStep(_Backend):
     """The numpy fast path (:class:`~klppo.nn.fastpath.FastStep`) on the same contract."""
 
     fast = True
+    device = torch.device("cpu")
 
     def __init__(self, agent: ActorCritic, loss: PPOLoss, p: PPOConfig) -> None:
         self.agent, self.loss, self.p = agent, loss, p
@@ -137,11 +145,6 @@ class NumpyStep:
                                                           "values", "returns")}
         self.adv = adv.numpy()
 
-    def k3(self, idx: torch.Tensor) -> float:
-        b = self.batch
-        with torch.no_grad():
-            params = self.agent.policy_params(b.obs[idx])
-            return _k3(self.agent.head.log_prob(params, b.actions[idx]) - b.logp[idx])
 
     def step(self, idx: torch.Tensor, beta: float) -> StepResult:
         i, npb = idx.numpy(), self.np
@@ -158,14 +161,6 @@ class NumpyStep:
     def policy_kl(self, batch: Any) -> float:
         return self.optimizer.policy_kl(batch.obs.numpy(), batch.params.numpy())
 
-    def set_lr(self, lr: float) -> None:
-        self.optimizer.set_lr(lr)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(s)
 
 
 def make_backend(agent: ActorCritic, loss: PPOLoss, p: PPOConfig, fast_path: bool,
