@@ -27,7 +27,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.video:  # MuJoCo renders headless through EGL where it can (set before its import)
         os.environ.setdefault("MUJOCO_GL", "egl")
     from klppo.rl.evaluate import RenderingUnavailable, evaluate
-    from klppo.rl.trainer import ResumeError
+    from klppo.rl.lifecycle import ResumeError
     from klppo.runs.checkpoint import CheckpointError
     from klppo.runs.configfile import InputError
 

@@ -128,7 +128,7 @@ def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 def load(run_dir: str | Path) -> Policy:
     """The policy of a run directory at its last checkpoint (one-line errors for a directory
     that is not a run or has no readable checkpoint)."""
-    from klppo.rl.trainer import read_run_config
+    from klppo.rl.lifecycle import read_run_config
 
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)

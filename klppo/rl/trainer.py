@@ -26,7 +26,7 @@ from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
 from klppo.protocol import final_return
 from klppo.rl.backends import make_backend
-from klppo.rl.config import ConfigError, TrainConfig, from_dict, to_dict, validate
+from klppo.rl.config import TrainConfig, to_dict, validate
 from klppo.rl.envs import (
     ObsNormalizer,
     RewardScaler,
@@ -35,7 +35,7 @@ from klppo.rl.envs import (
     make_vector_env,
     restore_env_state,
 )
-from klppo.rl.lifecycle import RunLife
+from klppo.rl.lifecycle import ResumeError, RunLife, check_metrics, read_run_config
 from klppo.rl.monitor import ExplosionMonitor
 from klppo.rl.rollout import Collector
 from klppo.rl.update import Batch, Learner, make_loss
@@ -56,10 +56,6 @@ TIMING_KEYS = frozenset({"sps", "time_collect", "time_update", "time_elapsed"})
 
 class TrainingError(RuntimeError):
     """A run stopped on an error; its last good checkpoint is kept."""
-
-
-class ResumeError(RuntimeError):
-    """A run directory cannot be resumed; the message names the file and the reason."""
 
 
 @dataclass
@@ -333,38 +329,6 @@ def train(config: TrainConfig,
     return _run(tr, RunLife(run_dir, lock, []), ExplosionMonitor(), on_iteration)
 
 
-def read_run_config(run_dir: str | Path) -> TrainConfig:
-    """The validated config of a run directory; one-line errors for a missing directory, a
-    missing or malformed ``config.yaml`` or bad values in it."""
-    run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise ResumeError(f"resume={str(run_dir)!r}: no such directory")
-    if not run_dir.is_dir():
-        raise ResumeError(f"resume={str(run_dir)!r}: not a directory")
-    if not (run_dir / "config.yaml").exists():
-        raise ResumeError(f"resume={str(run_dir)!r}: not a klppo run directory (no config.yaml)")
-    path = run_dir / "config.yaml"
-    cfg = from_dict(R.read_yaml(path), source=str(path))
-    try:
-        return validate(cfg)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-
-
-def _check_metrics(run_dir: Path, iteration: int) -> list[dict[str, Any]]:
-    """The metrics kept up to the checkpoint's iteration; an error when some are missing."""
-    path = run_dir / "metrics.jsonl"
-    records = M.read_metrics(path)[0] if path.exists() else []
-    kept = [r for r in records if isinstance(r.get("iteration"), int)
-            and r["iteration"] <= iteration]
-    if [r["iteration"] for r in kept] != list(range(1, iteration + 1)):
-        have = "is missing" if not path.exists() else f"holds {len(kept)} of them"
-        raise ResumeError(f"{path}: the checkpoint is at iteration {iteration} but the file "
-                          f"{have}; the run cannot be resumed exactly (restore the file, or "
-                          f"delete checkpoint.pt to restart the run)")
-    return kept
-
-
 def resume(run_dir: str | Path,
            on_iteration: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Continue a run from its last checkpoint (or start it, if it never wrote one).
@@ -381,7 +345,7 @@ def resume(run_dir: str | Path,
     R.remove_stale_temp_files(run_dir)
     try:
         state = ckpt.load_checkpoint(run_dir) if (run_dir / ckpt.CHECKPOINT).exists() else None
-        kept = _check_metrics(run_dir, int(state["iteration"]) if state else 0)
+        kept = check_metrics(run_dir, int(state["iteration"]) if state else 0)
     except (ckpt.CheckpointError, ResumeError) as e:
         R.write_status(run_dir, "failed", error=str(e), iteration=0)
         lock.release()
