@@ -6,8 +6,11 @@
   keys, loss values, gradients and beta trajectory as TorchRL's class; ``update_beta_in_forward=
   False`` moves the controller out of ``forward`` (``loss.update_beta(kl)``), and any klppo
   controller can be plugged in (``controller=make_controller(...)``).
+* :class:`KLipPPOLoss` - TorchRL's ``ClipPPOLoss`` whose policy term is klppo's per-sample KL
+  template ``w A + beta_t log w`` (shape ``clip`` by default: PPO-Clip's gradient, bit for bit in
+  float32 with a power-of-two batch), plus klppo's diagnostics (``frac_kill``, ``beta_t_q*``).
 
-It subclasses TorchRL's own class and reuses its private PPO helpers, so it needs the TorchRL
+Both subclass TorchRL's own classes and reuse their private PPO helpers, so they need the TorchRL
 line they were written and tested against (0.14); an older TorchRL is refused at import. The
 option mapping and units: ``docs/integrations.md``.
 """
@@ -28,6 +31,7 @@ if not all(hasattr(_ppo, n) for n in _NEEDED) or not hasattr(
         f"klppo.integrations.torchrl needs torchrl >= 0.14 (found {torchrl.__version__}): it "
         "reuses the PPO helpers of that line")
 
+from klppo.integrations.torchrl.klip import KLipPPOLoss  # noqa: E402
 from klppo.integrations.torchrl.klpen import KLPENPPOLoss  # noqa: E402
 
-__all__ = ["KLPENPPOLoss"]
+__all__ = ["KLPENPPOLoss", "KLipPPOLoss"]
