@@ -33,7 +33,7 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''
 
 lint: $(STAMP)
-	$(BIN)/ruff check klppo tests benchmarks
+	$(BIN)/ruff check klppo tests benchmarks examples
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_losses.py

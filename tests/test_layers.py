@@ -1,7 +1,8 @@
 """No import from a lower package to a higher one (docs/architecture in the README's layout):
 
-core -> nn -> rl, lm (siblings) -> experiments -> report, cli. ``runs`` (run directories, files,
-metric sinks, signals) and ``protocol`` are plumbing that imports no klppo package but itself.
+core -> nn -> rl, lm, integrations (siblings) -> experiments -> report, cli. ``runs`` (run
+directories, files, metric sinks, signals) and ``protocol`` are plumbing that imports no klppo
+package but itself.
 """
 
 import ast
@@ -20,6 +21,7 @@ ALLOWED = {
     "rl": {"core", "nn", "runs", "protocol"},
     "lm": {"core", "runs"},
     "replay": {"core", "runs"},
+    "integrations": {"core", "nn"},  # bridges to other ecosystems (TorchRL), optional extras
     "experiments": {"core", "nn", "rl", "lm", "runs", "protocol"},
     "report": {"runs", "protocol"},
     "verify": {"core"},

@@ -169,30 +169,48 @@ def sampled_kl(
 
 
 def monte_carlo_kl(
-    p: D.Distribution, q: D.Distribution, num_samples: int = 128, seed: int | None = None
+    p: D.Distribution,
+    q: D.Distribution,
+    num_samples: int = 128,
+    seed: int | None = None,
+    reparameterize: bool | None = None,
 ) -> torch.Tensor:
     """Monte Carlo ``KL(p || q) ~ mean_i [log p(x_i) - log q(x_i)]`` with ``x_i ~ p`` (k1 form).
 
     Unbiased; standard error ``std(log p - log q) / sqrt(num_samples)``. Returns a tensor of
     ``p.batch_shape``. Draws come from torch's global generator unless ``seed`` is given, in which
     case they come from a forked generator seeded with it (the global state is left untouched).
-    Gradients flow through ``q`` (and through ``p`` where it has ``rsample``).
+    Gradients flow through ``q`` (and through ``p`` when the draws are reparameterised).
+
+    ``reparameterize``: None draws with ``rsample`` where ``p`` has it, else ``sample``; False
+    always ``sample`` (what TorchRL's KLPENPPOLoss does); True always ``rsample``. A
+    distribution that scores its own draw (a ``sample_and_log_prob`` /
+    ``rsample_and_log_prob`` method, as TorchRL's TanhNormal has) is asked for ``log p(x_i)``
+    from the same latent draw rather than through ``log_prob`` of the rounded sample (which
+    inverts tanh, inexactly once it saturates).
     """
     n = int(num_samples)
     if n < 1:
         raise ValueError(f"num_samples must be >= 1, got num_samples={num_samples!r}")
+    rep = p.has_rsample if reparameterize is None else bool(reparameterize)
+    if rep and not p.has_rsample:
+        raise ValueError(f"reparameterize=True but {type(p).__name__} has no rsample")
 
-    def draw() -> torch.Tensor:
-        return p.rsample((n,)) if p.has_rsample else p.sample((n,))
+    def draw() -> tuple[torch.Tensor, torch.Tensor]:
+        joint = getattr(p, "rsample_and_log_prob" if rep else "sample_and_log_prob", None)
+        if callable(joint):
+            return joint((n,))
+        x = p.rsample((n,)) if rep else p.sample((n,))
+        return x, p.log_prob(x)
 
     if seed is None:
-        x = draw()
+        x, log_p = draw()
     else:
         devices = [] if x_device_is_cpu(p) else None
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            x = draw()
-    return (p.log_prob(x) - q.log_prob(x)).mean(0)
+            x, log_p = draw()
+    return (log_p - q.log_prob(x)).mean(0)
 
 
 def x_device_is_cpu(p: D.Distribution) -> bool:

@@ -1,0 +1,9 @@
+"""Bridges from klppo's core to other ecosystems; each lives behind an optional extra.
+
+* :mod:`klppo.integrations.torchrl` (``pip install 'klppo[torchrl]'``): drop-in replacements for
+  TorchRL's ``KLPENPPOLoss`` and ``ClipPPOLoss`` whose KL penalty, beta controller and
+  per-sample KL template come from :mod:`klppo.core`.
+
+This package imports only ``klppo.core`` and ``klppo.nn`` (see ``tests/test_layers.py``);
+importing it does not import any third-party ecosystem.
+"""

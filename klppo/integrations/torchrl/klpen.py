@@ -1,0 +1,191 @@
+"""``KLPENPPOLoss``: TorchRL's KL-penalty PPO loss with its KL and beta rule from klppo's core.
+
+Per sample, the policy term is the core ``kl_penalty`` objective ``w A - beta KL`` with
+``KL = KL(pi_old || pi_new)`` per state (:func:`klppo.core.kl.analytic_kl` where TorchRL finds a
+closed form, else :func:`klppo.core.kl.monte_carlo_kl` with ``samples_mc_kl`` draws from
+``pi_old``, as TorchRL samples). beta is the ``beta`` buffer, moved by a
+:class:`~klppo.core.controllers.KLController`; the default is the ``step`` rule with TorchRL's
+bands (1.5) and its ``increment`` / ``decrement`` factors, so the trajectory of beta is TorchRL's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import CompositeDistribution, dispatch
+from torchrl.modules.distributions.utils import _warn_mc_kl, has_analytic_kl
+from torchrl.objectives import ppo as _ppo
+
+from klppo.core.controllers import KLController, StepKL
+from klppo.core.kl import analytic_kl, monte_carlo_kl
+from klppo.core.objectives import make_objective
+from klppo.integrations.torchrl._shared import (
+    WEAKREF_ATTRS,
+    advantage,
+    entropy_and_critic,
+    extend_signature,
+    reduce,
+)
+
+__all__ = ["KLPENPPOLoss"]
+
+#: the core objective of this loss: ``w A - beta KL`` with the per-state KL passed in
+_PENALTY = make_objective("kl_penalty", kl_estimator="analytic")
+_RULE_OPTIONS = ("dtarg", "beta", "increment", "decrement")
+
+
+class KLPENPPOLoss(_ppo.KLPENPPOLoss):
+    """Drop-in for ``torchrl.objectives.KLPENPPOLoss`` (every option, key and default of the
+    installed TorchRL; see its docstring), with the KL and the beta rule from klppo's core.
+
+    Extra keyword-only options:
+
+    * ``controller``: any :class:`~klppo.core.controllers.KLController` (e.g.
+      ``make_controller("pid", beta=1.0, target=0.01)``) instead of TorchRL's step rule; it is
+      fed the batch mean of the per-state ``KL(pi_old || pi_new)`` in nats per sample, the unit
+      of ``dtarg``. Cannot be combined with ``dtarg``, ``beta``, ``increment``, ``decrement``
+      (the controller carries its own). Also settable later: ``loss.controller = ...``.
+    * ``update_beta_in_forward``: True (TorchRL's behaviour, the default) feeds the controller
+      inside every ``forward``; False leaves beta alone in ``forward`` and the training loop calls
+      :meth:`update_beta` where it chooses (per minibatch, epoch or iteration).
+
+    The ``beta`` buffer is the single home of beta: :meth:`update_beta` starts the controller
+    from it (so a value written to ``loss.beta`` - a scheduler, :meth:`reset` - is respected)
+    and writes the result back in the buffer's dtype.
+
+    TorchRL quirk kept for fidelity: with ``update_beta_in_forward=True`` the buffer is changed
+    in place (without a version bump) after the penalty is computed, so the backward pass of
+    that penalty uses the *updated* beta while the returned value used the old one; gradients
+    therefore equal TorchRL's. With ``update_beta_in_forward=False`` the forward snapshots beta
+    and value and gradient use the same beta.
+    """
+
+    def __init__(self, actor_network=None, critic_network=None, *,
+                 controller: KLController | None = None, update_beta_in_forward: bool = True,
+                 **kwargs) -> None:
+        given = [k for k in _RULE_OPTIONS if k in kwargs]
+        if controller is not None and given:
+            raise ValueError(
+                f"KLPENPPOLoss: controller= replaces TorchRL's step rule, so {given} would be "
+                "ignored; set them on the controller instead")
+        super().__init__(actor_network, critic_network, **kwargs)
+        self.update_beta_in_forward = bool(update_beta_in_forward)
+        self.controller = self._torchrl_step_rule() if controller is None else controller
+
+    def _torchrl_step_rule(self) -> StepKL:
+        """TorchRL's rule as a klppo step controller: bands 1.5, its factors rounded to the
+        buffer's dtype (TorchRL multiplies the buffer by them in that dtype)."""
+        in_dtype = lambda v: torch.tensor(v, dtype=self.beta.dtype).item()
+        return StepKL(preset="torchrl", beta=float(self.beta), target=self.dtarg,
+                      increase=in_dtype(self.increment), decrease=in_dtype(self.decrement))
+
+    # ------------------------------------------------------------------ beta
+    @property
+    def controller(self) -> KLController:
+        """The controller that moves beta; assigning one also sets the buffer to its beta."""
+        return self._controller
+
+    @controller.setter
+    def controller(self, controller: KLController) -> None:
+        if not isinstance(controller, KLController):
+            raise TypeError("controller must be a klppo.core.controllers.KLController, got "
+                            f"{type(controller).__name__}")
+        self._controller = controller
+        self._controller_init = copy.deepcopy(controller.state_dict())
+        self._write_beta(controller.value)
+        if controller.target is not None:
+            self.dtarg = controller.target
+
+    def _write_beta(self, value: float) -> None:
+        # .data: no version bump, exactly as TorchRL's in-place ``self.beta.data *= ...``
+        self.beta.data.copy_(torch.as_tensor(value, dtype=self.beta.dtype))
+
+    def update_beta(self, kl: float | torch.Tensor, n_steps: int = 1) -> float:
+        """Feed one KL measurement to the controller and write the new beta into ``beta``.
+
+        Args:
+            kl: observed ``KL(pi_old || pi_new)``, a scalar in nats per sample (the batch mean
+                of the per-state KL, e.g. ``out["kl"].mean()``), the unit of ``dtarg``.
+            n_steps: samples the measurement covers (the proportional rule uses it).
+
+        Returns:
+            The new beta, as stored in the buffer.
+        """
+        if isinstance(kl, torch.Tensor):
+            if kl.numel() != 1:
+                raise ValueError("update_beta takes a scalar KL (nats per sample), got a tensor "
+                                 f"of shape {tuple(kl.shape)}; pass its mean")
+            kl = kl.item()
+        state = self._controller.state_dict()
+        state["beta"] = float(self.beta)
+        self._controller.load_state_dict(state)
+        self._write_beta(self._controller.update(float(kl), n_steps))
+        return float(self.beta)
+
+    def reset(self) -> None:
+        """TorchRL's reset (beta back to its initial value) plus the controller's state."""
+        super().reset()
+        self._controller.load_state_dict(copy.deepcopy(self._controller_init))
+        self._write_beta(self._controller.value)
+
+    # ------------------------------------------------------------------ KL
+    def kl(self, previous_dist, current_dist) -> torch.Tensor:
+        """Per-state ``KL(pi_old || pi_new)`` in nats: closed form where TorchRL has one, else
+        ``samples_mc_kl`` draws from ``pi_old`` (sampled, not reparameterised, as TorchRL)."""
+        if isinstance(previous_dist, CompositeDistribution) or isinstance(
+                current_dist, CompositeDistribution):
+            raise NotImplementedError(
+                "klppo's KLPENPPOLoss does not serve composite action distributions; use "
+                "torchrl.objectives.KLPENPPOLoss for those")
+        if has_analytic_kl(previous_dist, current_dist):
+            return analytic_kl(previous_dist, current_dist, num_samples_mc=self.samples_mc_kl)
+        _warn_mc_kl(previous_dist, current_dist)
+        return monte_carlo_kl(previous_dist, current_dist, self.samples_mc_kl,
+                              reparameterize=False)
+
+    def _previous_dist(self, tensordict: TensorDictBase, tensordict_copy: TensorDictBase):
+        if self.delay_actor:
+            with torch.no_grad(), self.target_actor_network_params.to_module(
+                    self.actor_network, preserve_module_state=False):
+                return self.actor_network.get_dist(tensordict_copy)
+        try:
+            return self.actor_network.build_dist_from_params(tensordict)
+        except KeyError as err:
+            raise KeyError(
+                "The parameters of the distribution were not found. "
+                f"Make sure they are provided to {type(self).__name__}.") from err
+
+    # ------------------------------------------------------------------ forward
+    @dispatch
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        tensordict_copy = tensordict.copy()
+        previous_dist = self._previous_dist(tensordict, tensordict_copy)
+        adv = advantage(self, tensordict_copy, padded=False)
+        log_weight, dist, kl_approx, log_is_weight = self._log_weight(
+            tensordict_copy, adv_shape=adv.shape[:-1])
+        adv = _ppo._broadcast_advantage_to_log_weight(adv, log_weight)
+        _ppo._check_advantage_broadcast(adv, log_weight)
+        if log_is_weight is not None:  # the surrogate is weighted by pi_theta / pi_behav
+            log_weight = log_weight + log_is_weight
+        with (self.actor_network_params.to_module(self.actor_network,
+                                                  preserve_module_state=False)
+              if self.functional else contextlib.nullcontext()):
+            current_dist = self.actor_network.get_dist(tensordict_copy)
+        kl = self.kl(previous_dist, current_dist).unsqueeze(-1)
+        beta = self.beta if self.update_beta_in_forward else self.beta.clone()
+        term = _PENALTY.term(log_weight.exp(), None, None, adv, kl, beta, want_beta=False)
+        if self.update_beta_in_forward:
+            self.update_beta(kl.mean())
+        td_out = TensorDict({"loss_objective": -term.objective, "kl": kl.detach(),
+                             "kl_approx": kl_approx.detach().mean()})
+        entropy_and_critic(self, td_out, dist, adv, tensordict_copy)
+        td_out = reduce(self, td_out, tensordict_copy)
+        self._clear_weakrefs(tensordict, td_out, *WEAKREF_ATTRS)
+        return td_out
+
+
+KLPENPPOLoss.__init__.__signature__ = extend_signature(_ppo.KLPENPPOLoss.__init__,
+                                                       KLPENPPOLoss.__init__)
