@@ -45,3 +45,18 @@ def test_examples_rlhf_yaml_is_a_valid_rlhf_config():
 
     cfg = config_from_dict(read_config_file(str(EXAMPLES / "rlhf.yaml"), "config"))
     assert cfg.controller == "proportional" and cfg.target == 6.0
+
+
+def test_examples_mujoco_1m_specs_are_the_demo_comparison_per_task():
+    from klppo.experiments.sweep import expand, load_spec
+    from klppo.experiments.sweep_spec import DEMO_SPEC
+
+    tasks = {"halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5", "walker2d": "Walker2d-v5",
+             "ant": "Ant-v5", "humanoid": "Humanoid-v5"}
+    assert {p.stem for p in (EXAMPLES / "mujoco-1m").glob("*.yaml")} == set(tasks)
+    for stem, env in tasks.items():
+        spec = load_spec(EXAMPLES / "mujoco-1m" / f"{stem}.yaml")
+        assert spec.preset == f"klip/{stem}" and spec.conditions == DEMO_SPEC.conditions
+        plans = expand(spec)
+        assert len(plans) == 20 and {p.seed for p in plans} == set(range(5))
+        assert {(p.config.env, p.config.total_steps) for p in plans} == {(env, 1_000_000)}

@@ -157,7 +157,10 @@ def run_sweep(
             if on_done is not None and e.state not in ("running", "pending"):
                 on_done(e)
 
-        todo = {e.name: str(sweep_dir / "runs" / e.name) for e in entries
+        # seed by seed: a sweep stopped part way holds whole comparisons (every condition at
+        # the first seeds), not every seed of the first conditions
+        todo = {e.name: str(sweep_dir / "runs" / e.name)
+                for e in sorted(entries, key=lambda e: spec.seeds.index(e.seed))
                 if e.state != "finished"}
         with signals_to(stop):
             runner(todo, workers or max(1, os.cpu_count() or 1), update, stop)

@@ -329,3 +329,17 @@ def test_a_run_left_running_by_a_dead_worker_is_resumed_not_skipped(tmp_path):
     (again,) = run_sweep(spec(), out, workers=1).entries
     assert again.state == "finished" and again.wall_s is not None  # its worker ran again
     assert metrics(out / "runs" / e.name) == before
+
+
+def test_runs_launch_seed_by_seed(tmp_path, monkeypatch):
+    """A sweep stopped part way holds whole comparisons: every condition of seed 0 starts
+    before any run of seed 1 (the order of `seeds`, not of the names)."""
+    import klppo.experiments.sweep as S
+
+    launched = []
+    monkeypatch.setattr(S, "run_local", lambda todo, workers, done, stop: launched.extend(todo))
+    s = spec(conditions={"a": {"objective": "clip"}, "b": {"objective": "kl_penalty"}},
+             seeds=[3, 0, 1])
+    run_sweep(s, tmp_path / "sw", workers=1)
+    assert [n.rsplit("__", 1)[1] for n in launched] == ["3", "3", "0", "0", "1", "1"]
+    assert {n.split("__")[1] for n in launched[:2]} == {"a", "b"}
