@@ -18,18 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from klppo.core.advantages import gae
-from klppo.core.controllers import is_fixed_fallback, make_controller
-from klppo.core.kl import NOT_KL
-from klppo.core.monitor import KLMonitor
-from klppo.core.values import explained_variance
-from klppo.nn.actor_critic import ActorCritic, make_head
 from klppo.protocol import final_return
-from klppo.rl.backends import make_backend
 from klppo.rl.config import TrainConfig, to_dict, validate
 from klppo.rl.envs import (
-    ObsNormalizer,
-    RewardScaler,
     check_env,
     env_state,
     make_vector_env,
@@ -38,7 +29,7 @@ from klppo.rl.envs import (
 from klppo.rl.lifecycle import ResumeError, RunLife, check_metrics, read_run_config
 from klppo.rl.monitor import ExplosionMonitor
 from klppo.rl.rollout import Collector
-from klppo.rl.update import Batch, Learner, make_loss
+from klppo.rl.unit import PolicyUnit, episode_means, learning_rate
 from klppo.runs import checkpoint as ckpt
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
@@ -70,17 +61,9 @@ class TrainResult:
         return final_return(self.metrics)
 
 
-def _say_what_the_choices_mean(cfg: TrainConfig, loss: Any) -> None:
-    """Log the choices that do something users may not expect (once per run start)."""
-    if is_fixed_fallback(cfg.kl.controller, cfg.kl.controller_options()) and loss.policy.uses_beta:
-        log.warning("kl.controller proportional without kl.target: a fixed beta (trlx's "
-                    "semantics); set kl.target to adapt it")
-    if loss.policy.penalised and cfg.ppo.kl_estimator in NOT_KL:
-        log.warning("ppo.kl_estimator %s does not estimate KL(old || new) (see "
-                    "klppo.core.kl); chosen to reproduce a peer", cfg.ppo.kl_estimator)
-
-
 class _Trainer:
+    """A single-agent run: one vector env, one collector, one :class:`PolicyUnit`."""
+
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg = validate(cfg)
         self.run_dir = run_dir
@@ -88,27 +71,12 @@ class _Trainer:
         torch.manual_seed(cfg.seed)
         self.env = make_vector_env(cfg.env, cfg.rollout.num_envs, cfg.seed,
                                    cfg.rollout.vectorization)
-        head = make_head(self.env.single_action_space)
         obs_dim = int(np.prod(self.env.single_observation_space.shape))
-        n = cfg.net
-        self.agent = ActorCritic(obs_dim, head, n.hidden, n.shared_trunk, n.separate_losses,
-                                 n.log_std_init)
-        loss = make_loss(cfg)
-        backend = make_backend(self.agent, loss, cfg.ppo, cfg.fast_path, cfg.device)
-        self.controller = make_controller(cfg.kl.controller, **cfg.kl.controller_options())
-        self.uses_beta = loss.policy.uses_beta
-        k = cfg.kl
-        self.kl_monitor = KLMonitor(self.controller.target, k.monitor_high, k.monitor_low,
-                                    k.monitor_patience, "nats per sample")
-        _say_what_the_choices_mean(cfg, loss)
-        r = cfg.rollout
-        self.obs_norm = ObsNormalizer((obs_dim,), r.clip_obs) if r.norm_obs else None
-        self.rew_scale = (RewardScaler(r.num_envs, cfg.ppo.gamma, r.clip_reward)
-                          if r.norm_reward else None)
-        self.collector = Collector(self.env, self.agent, r.num_steps, cfg.seed + 1,
-                                   self.obs_norm, self.rew_scale, fast=backend.fast)
-        self.learner = Learner(cfg, backend, loss, self.controller,
-                               torch.Generator().manual_seed(cfg.seed + 2))
+        self.unit = u = PolicyUnit(cfg, obs_dim, self.env.single_action_space,
+                                   cfg.rollout.num_envs, cfg.seed + 2)
+        self.agent, self.learner, self.controller = u.agent, u.learner, u.controller
+        self.collector = Collector(self.env, u.agent, cfg.rollout.num_steps, cfg.seed + 1,
+                                   u.obs_norm, u.rew_scale, fast=u.fast)
         self.iteration = 0
         self.global_step = 0
 
@@ -117,97 +85,45 @@ class _Trainer:
         return {
             "iteration": self.iteration,
             "global_step": self.global_step,
-            "agent": self.agent.state_dict(),
-            "optimizer": self.learner.backend.state_dict(),
-            "controller": self.controller.state_dict(),
+            **self.unit.state_dict(),
             "collector": self.collector.state_dict(),
-            "shuffle_generator": self.learner.gen.get_state(),
-            "obs_norm": None if self.obs_norm is None else self.obs_norm.rms.state_dict(),
-            "reward_scaler": None if self.rew_scale is None else self.rew_scale.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "env": env_state(self.env),
-            "kl_monitor": self.kl_monitor.state_dict(),
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> list[str]:
         """Restore everything; return the problems of the environment restore (empty: exact)."""
         self.iteration, self.global_step = int(s["iteration"]), int(s["global_step"])
-        self.agent.load_state_dict(s["agent"])
-        self.learner.backend.load_state_dict(s["optimizer"])
-        self.controller.load_state_dict(s["controller"])
+        self.unit.load_state_dict(s)
         self.collector.load_state_dict(s["collector"])
-        self.learner.gen.set_state(s["shuffle_generator"])
-        if self.obs_norm is not None:
-            self.obs_norm.rms.load_state_dict(s["obs_norm"])
-        if self.rew_scale is not None:
-            self.rew_scale.load_state_dict(s["reward_scaler"])
         torch.set_rng_state(s["torch_rng"])
-        if "kl_monitor" in s:
-            self.kl_monitor.load_state_dict(s["kl_monitor"])
         problems = list(restore_env_state(self.env, s.get("env"), self.cfg.env))
         if problems:  # the env could not be restored: start new episodes, deterministically
             self.collector.reset(self.cfg.seed + self.iteration)
         return problems
 
-    # ---------------------------------------------------------------- phases
-    def advantages(self) -> Batch:
-        b, p = self.collector.buf, self.cfg.ppo
-        adv, ret = gae(b.rewards, b.values, b.next_values, b.terminated, b.truncated,
-                       p.gamma, p.gae_lambda)
-        flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
-        return Batch(flat(b.obs), flat(b.actions), flat(b.logp), flat(b.params), flat(b.values),
-                     flat(adv), flat(ret))
+    def start(self) -> None:
+        """First episodes of a new run."""
+        self.collector.reset(self.cfg.seed)
 
+    # ---------------------------------------------------------------- phases
     def iterate(self) -> dict[str, Any]:
         cfg = self.cfg
         it = self.iteration + 1
-        lr = cfg.ppo.lr * (1.0 - (it - 1) / cfg.num_iterations) if cfg.ppo.anneal_lr \
-            else cfg.ppo.lr
+        lr = learning_rate(cfg, it)
         self.learner.set_lr(lr)
         t0 = time.perf_counter()
         episodes = self.collector.collect(it)                                   # 1. collect
         self.global_step += cfg.batch_size
         t1 = time.perf_counter()
-        batch = self.advantages()                                              # 2. advantages
-        result = self.learner.update(batch)                                    # 3. update
-        kl_rollout, ctrl_updates = self.learner.end_iteration(batch)           # 4. controller
+        policy = self.unit.learn(self.collector.buf, it)                       # 2-4. learn
         t2 = time.perf_counter()
         self.iteration = it
-        m: dict[str, Any] = {                                                  # 5. log
-            "iteration": it,
-            "global_step": self.global_step,
-            "episode_return_mean": float(np.mean(episodes.returns)) if episodes.returns
-            else None,
-            "episode_length_mean": float(np.mean(episodes.lengths)) if episodes.lengths
-            else None,
-            "episode_count": len(episodes.returns),
-            "lr": lr,
-            "beta": self.controller.value if self.uses_beta else 0.0,
-            "kl_rollout": kl_rollout,
-            **result.metrics,
-            "explained_variance": float(explained_variance(batch.values, batch.returns)),
-            "value_target_rms": float(batch.returns.square().mean().sqrt()),
-            "controller_updates": len(ctrl_updates),
-        }
-        if ctrl_updates:
-            last = ctrl_updates[-1]
-            m.update(kl_target=last["target"], kl_observed=last["observed"],
-                     kl_relative_error=last["relative_error"],
-                     kl_error_clipped=float(last["error_clipped"]),
-                     beta_before=last["beta_before"], beta_after=last["beta_after"])
-        m.update(self._watch_kl(m, ctrl_updates))
+        m: dict[str, Any] = {"iteration": it, "global_step": self.global_step,  # 5. log
+                             **episode_means(episodes.returns, episodes.lengths), "lr": lr,
+                             **policy}
         m.update(time_collect=t1 - t0, time_update=t2 - t1)
         return m
-
-    def _watch_kl(self, m: dict[str, Any], ctrl_updates: list[dict]) -> dict[str, float]:
-        """The KL monitor on the controller's input (the rollout KL when it did not update)."""
-        if not self.uses_beta:
-            return {}
-        observed = ctrl_updates[-1]["observed"] if ctrl_updates else m["kl_rollout"]
-        alarm = self.kl_monitor.update(float(observed))
-        if alarm.message:
-            log.warning("iteration %d: %s", m["iteration"], alarm.message)
-        return alarm.as_metrics()
 
 
 def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
@@ -325,7 +241,7 @@ def train(config: TrainConfig,
     R.write_yaml(run_dir / "config.yaml", to_dict(config))
     R.write_metadata(run_dir, {"kind": "train"})
     tr = _start(run_dir, config, lock)
-    tr.collector.reset(config.seed)
+    tr.start()
     return _run(tr, RunLife(run_dir, lock, []), ExplosionMonitor(), on_iteration)
 
 
@@ -355,7 +271,7 @@ def resume(run_dir: str | Path,
     tr = _start(run_dir, cfg, lock)
     problems = tr.load_state_dict(state) if state else []
     if state is None:
-        tr.collector.reset(cfg.seed)
+        tr.start()
     M.truncate_metrics(run_dir / "metrics.jsonl", tr.iteration)
     run = RunLife(run_dir, lock, [])
     for p in problems:

@@ -1,0 +1,154 @@
+"""One policy's learning state and its per-iteration phases after collection.
+
+A :class:`PolicyUnit` holds what one policy learns with: its networks, step backend (torch or the
+numpy fast path), loss, KL controller, learner, KL monitor and normalisers. The single-agent
+trainer has one; a multi-agent run (:mod:`klppo.rl.marl`) has one per policy, each with its own
+objective, controller and target: each policy is one more learner over the same env loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from klppo.core.advantages import gae
+from klppo.core.controllers import is_fixed_fallback, make_controller
+from klppo.core.kl import NOT_KL
+from klppo.core.monitor import KLMonitor
+from klppo.core.values import explained_variance
+from klppo.nn.actor_critic import ActorCritic, make_head
+from klppo.rl.backends import make_backend
+from klppo.rl.config import TrainConfig
+from klppo.rl.envs import ObsNormalizer, RewardScaler
+from klppo.rl.rollout import RolloutBuffer
+from klppo.rl.update import Batch, Learner, make_loss
+
+log = logging.getLogger("klppo.rl.trainer")
+
+__all__ = ["PolicyUnit", "episode_means", "learning_rate"]
+
+
+class PolicyUnit:
+    """Networks, backend, loss, controller, learner, KL monitor and normalisers of one policy.
+
+    ``cfg`` is the policy's own config (objective, ppo, kl, net); ``num_columns`` the number of
+    ``[T, N]`` buffer columns it learns from (envs x agents of this policy); ``name`` prefixes
+    its log lines (empty for a single-agent run).
+    """
+
+    def __init__(self, cfg: TrainConfig, obs_dim: int, action_space: Any, num_columns: int,
+                 shuffle_seed: int, name: str = "") -> None:
+        self.cfg, self.name = cfg, name
+        n, r, k = cfg.net, cfg.rollout, cfg.kl
+        self.agent = ActorCritic(obs_dim, make_head(action_space), n.hidden, n.shared_trunk,
+                                 n.separate_losses, n.log_std_init)
+        loss = make_loss(cfg)
+        backend = make_backend(self.agent, loss, cfg.ppo, cfg.fast_path, cfg.device)
+        self.fast = backend.fast
+        self.controller = make_controller(k.controller, **k.controller_options())
+        self.uses_beta = loss.policy.uses_beta
+        self.kl_monitor = KLMonitor(self.controller.target, k.monitor_high, k.monitor_low,
+                                    k.monitor_patience, "nats per sample")
+        self._say_what_the_choices_mean(loss)
+        self.obs_norm = ObsNormalizer((obs_dim,), r.clip_obs) if r.norm_obs else None
+        self.rew_scale = (RewardScaler(num_columns, cfg.ppo.gamma, r.clip_reward)
+                          if r.norm_reward else None)
+        self.learner = Learner(cfg, backend, loss, self.controller,
+                               torch.Generator().manual_seed(shuffle_seed))
+
+    def _say_what_the_choices_mean(self, loss: Any) -> None:
+        """Log the choices that do something users may not expect (once per run start)."""
+        cfg, who = self.cfg, f"policy {self.name}: " if self.name else ""
+        if is_fixed_fallback(cfg.kl.controller, cfg.kl.controller_options()) and \
+                loss.policy.uses_beta:
+            log.warning("%skl.controller proportional without kl.target: a fixed beta (trlx's "
+                        "semantics); set kl.target to adapt it", who)
+        if loss.policy.penalised and cfg.ppo.kl_estimator in NOT_KL:
+            log.warning("%sppo.kl_estimator %s does not estimate KL(old || new) (see "
+                        "klppo.core.kl); chosen to reproduce a peer", who, cfg.ppo.kl_estimator)
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "agent": self.agent.state_dict(),
+            "optimizer": self.learner.backend.state_dict(),
+            "controller": self.controller.state_dict(),
+            "shuffle_generator": self.learner.gen.get_state(),
+            "obs_norm": None if self.obs_norm is None else self.obs_norm.rms.state_dict(),
+            "reward_scaler": None if self.rew_scale is None else self.rew_scale.state_dict(),
+            "kl_monitor": self.kl_monitor.state_dict(),
+        }
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.agent.load_state_dict(s["agent"])
+        self.learner.backend.load_state_dict(s["optimizer"])
+        self.controller.load_state_dict(s["controller"])
+        self.learner.gen.set_state(s["shuffle_generator"])
+        if self.obs_norm is not None:
+            self.obs_norm.rms.load_state_dict(s["obs_norm"])
+        if self.rew_scale is not None:
+            self.rew_scale.load_state_dict(s["reward_scaler"])
+        if "kl_monitor" in s:
+            self.kl_monitor.load_state_dict(s["kl_monitor"])
+
+    # ---------------------------------------------------------------- phases
+    def advantages(self, b: RolloutBuffer) -> Batch:
+        p = self.cfg.ppo
+        adv, ret = gae(b.rewards, b.values, b.next_values, b.terminated, b.truncated,
+                       p.gamma, p.gae_lambda)
+        flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+        return Batch(flat(b.obs), flat(b.actions), flat(b.logp), flat(b.params), flat(b.values),
+                     flat(adv), flat(ret))
+
+    def learn(self, b: RolloutBuffer, iteration: int) -> dict[str, Any]:
+        """Advantages, update and controller on one collected rollout; the policy's metrics."""
+        batch = self.advantages(b)                                             # 2. advantages
+        result = self.learner.update(batch)                                    # 3. update
+        kl_rollout, ctrl_updates = self.learner.end_iteration(batch)           # 4. controller
+        m: dict[str, Any] = {
+            "beta": self.controller.value if self.uses_beta else 0.0,
+            "kl_rollout": kl_rollout,
+            **result.metrics,
+            "explained_variance": float(explained_variance(batch.values, batch.returns)),
+            "value_target_rms": float(batch.returns.square().mean().sqrt()),
+            "controller_updates": len(ctrl_updates),
+        }
+        if ctrl_updates:
+            last = ctrl_updates[-1]
+            m.update(kl_target=last["target"], kl_observed=last["observed"],
+                     kl_relative_error=last["relative_error"],
+                     kl_error_clipped=float(last["error_clipped"]),
+                     beta_before=last["beta_before"], beta_after=last["beta_after"])
+        m.update(self._watch_kl(iteration, kl_rollout, ctrl_updates))
+        return m
+
+    def _watch_kl(self, iteration: int, kl_rollout: float,
+                  ctrl_updates: list[dict]) -> dict[str, float]:
+        """The KL monitor on the controller's input (the rollout KL when it did not update)."""
+        if not self.uses_beta:
+            return {}
+        observed = ctrl_updates[-1]["observed"] if ctrl_updates else kl_rollout
+        alarm = self.kl_monitor.update(float(observed))
+        if alarm.message:
+            who = f"policy {self.name}: " if self.name else ""
+            log.warning("iteration %d: %s%s", iteration, who, alarm.message)
+        return alarm.as_metrics()
+
+
+def episode_means(returns: list[float], lengths: list[int]) -> dict[str, Any]:
+    """``episode_return_mean``, ``episode_length_mean`` (None without an ended episode) and
+    ``episode_count`` of the episodes that ended in one rollout."""
+    return {
+        "episode_return_mean": float(np.mean(returns)) if returns else None,
+        "episode_length_mean": float(np.mean(lengths)) if lengths else None,
+        "episode_count": len(returns),
+    }
+
+
+def learning_rate(cfg: TrainConfig, it: int) -> float:
+    """Iteration ``it``'s learning rate (linear annealing to 0 with ``ppo.anneal_lr``)."""
+    return cfg.ppo.lr * (1.0 - (it - 1) / cfg.num_iterations) if cfg.ppo.anneal_lr \
+        else cfg.ppo.lr
