@@ -53,7 +53,7 @@ def test_fast_and_torch_backends_agree_on_every_cadence_and_early_stop(tmp_path,
     tr = _Trainer(dataclasses.replace(cfg, fast_path=False), tmp_path)
     tr.collector.reset(cfg.seed)
     tr.collector.collect(1)
-    batch = tr.advantages()
+    batch = tr.unit.advantages(tr.collector.buf)
     tr.env.close()
     results = {}
     for name, cls in (("torch", TorchStep), ("numpy", NumpyStep)):
@@ -83,7 +83,7 @@ def test_checkpoint_optimiser_state_is_the_same_format_for_both_backends(tmp_pat
     tr = _Trainer(dataclasses.replace(cfg, fast_path=False), tmp_path)
     tr.collector.reset(cfg.seed)
     tr.collector.collect(1)
-    batch = tr.advantages()
+    batch = tr.unit.advantages(tr.collector.buf)
     tr.env.close()
     a = learner(cfg, copy.deepcopy(tr.agent), TorchStep)
     a.update(batch)
