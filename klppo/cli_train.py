@@ -41,12 +41,19 @@ class Progress:
 
     def line(self, m: dict[str, Any]) -> str:
         it = m["iteration"]
+        head = f"iter {it:>5}/{self.total}  step {m['global_step']:>9,}  "
+        tail = f"{m['sps']:,.0f} steps/s  {self._times(it)}"
+        policies = [k[:-len("/kl_rollout")] for k in m if k.endswith("/kl_rollout")]
+        if policies:  # a multi-agent run: return, KL and beta per policy
+            return head + "  ".join(
+                f"{p}: return {_num(m.get(f'{p}/episode_return_mean'), '.1f')} "
+                f"kl {m[f'{p}/kl_rollout']:.4f} beta {m[f'{p}/beta']:.4g}" for p in policies
+            ) + "  " + tail
         ret = m.get("episode_return_mean")
         ret_s = "     -" if ret is None else f"{ret:8.1f}"
         beta = f"{m['beta']:.4g}" if self.uses_beta else "-"
-        return (f"iter {it:>5}/{self.total}  step {m['global_step']:>9,}  return {ret_s}  "
-                f"kl {m['kl_rollout']:.4f}  kill {m.get('frac_kill', math.nan):.3f}  "
-                f"beta {beta}  {m['sps']:,.0f} steps/s  {self._times(it)}")
+        return (f"{head}return {ret_s}  kl {m['kl_rollout']:.4f}  "
+                f"kill {m.get('frac_kill', math.nan):.3f}  beta {beta}  {tail}")
 
     def __call__(self, m: dict[str, Any]) -> None:
         it = m["iteration"]
@@ -63,6 +70,10 @@ class Progress:
                 sys.stdout.write("\n")
         elif it % self.every == 0 or it == self.total or it == self.first + 1:
             print(line, flush=True)
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
 
 
 def announce_rounding(cfg) -> str | None:

@@ -158,11 +158,28 @@ class NetConfig:
 
 
 @dataclass
+class MarlConfig:
+    """Multi-agent runs (env ``pettingzoo:MODULE``): which agents share a policy, and each
+    policy's own settings (every objective and controller is available per policy)."""
+
+    policies: tuple[str, ...] = ()
+    """policy=agent,agent per policy; a name ending in * matches a prefix, e.g.
+    adversary=adversary_* agent=agent_* (default: one policy per agent, named after it)"""
+    overrides: tuple[str, ...] = ()
+    """per-policy settings policy:field=value over the run's (objective, ppo.*, kl.*, net.*),
+    e.g. adversary:kl.target=0.01 agent:objective=clip"""
+    env_kwargs: tuple[str, ...] = ()
+    """keyword arguments of the module's parallel_env(), key=value (YAML values), e.g.
+    continuous_actions=true max_cycles=25"""
+
+
+@dataclass
 class TrainConfig:
     """A PPO training run."""
 
     env: str = "CartPole-v1"
-    """Gymnasium environment id, or module:EnvId to import a user's module first"""
+    """Gymnasium environment id, module:EnvId to import a user's module first, or
+    pettingzoo:MODULE for a multi-agent PettingZoo parallel env (MODULE.parallel_env)"""
     objective: str = "clip"
     """clip, per_sample_kl, kl_penalty, unclipped, clip_kl (klppo.core.objectives.OBJECTIVES)"""
     seed: int = 0
@@ -190,6 +207,7 @@ class TrainConfig:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     kl: KLConfig = field(default_factory=KLConfig)
     net: NetConfig = field(default_factory=NetConfig)
+    marl: MarlConfig = field(default_factory=MarlConfig)
 
     @property
     def batch_size(self) -> int:
@@ -311,6 +329,23 @@ def _klip(env: str, envs: int, steps: int, total: int, gamma: float, lam: float,
     )
 
 
+def _marl_adversary(continuous: bool) -> TrainConfig:
+    """MPE simple_adversary as RLlib's multi-agent PPO would run it: the adversary and the good
+    agents are two policies, each with its own RLlib KL coefficient (step rule, target 0.01)."""
+    kwargs = ("max_cycles=25",) + (("continuous_actions=true",) if continuous else ())
+    return TrainConfig(
+        env="pettingzoo:mpe2.simple_adversary_v3",
+        objective="clip_kl",
+        total_steps=300_000,
+        rollout=RolloutConfig(num_envs=8, num_steps=100),
+        ppo=PPOConfig(lr=5e-4, gamma=0.99, gae_lambda=0.95, ent_coef=0.01, update_epochs=10,
+                      minibatch_size=200),
+        kl=KLConfig(controller="step", preset="rllib"),
+        net=NetConfig(log_std_init=-0.5 if continuous else 0.0),
+        marl=MarlConfig(policies=("adversary=adversary_*", "agent=agent_*"), env_kwargs=kwargs),
+    )
+
+
 #: Preset name -> config factory (the KLip-PPO reference settings). ``--kl.controller step``
 #: with a klip preset uses the klip step rule (target 0.02, beta0 1, beta in [1e-4, 1e4]).
 PRESETS: dict[str, Any] = {
@@ -322,6 +357,8 @@ PRESETS: dict[str, Any] = {
                                                       0.0, True))
         for name in ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid")
     },
+    "marl/simple_adversary": lambda: _marl_adversary(continuous=False),
+    "marl/simple_adversary_continuous": lambda: _marl_adversary(continuous=True),
 }
 
 

@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["ExplosionMonitor"]
+__all__ = ["ExplosionMonitor", "PerPolicyMonitor"]
 
 
 class ExplosionMonitor:
@@ -83,3 +83,26 @@ class _Once:
         if kind not in self.seen:
             self.seen.add(kind)
             self.messages.append(message)
+
+
+class PerPolicyMonitor:
+    """An :class:`ExplosionMonitor` per policy of a multi-agent run, on its ``policy/`` metrics;
+    each message names the policy."""
+
+    def __init__(self, policies: Iterable[str]) -> None:
+        self.monitors = {p: ExplosionMonitor() for p in policies}
+
+    @staticmethod
+    def _view(m: dict[str, Any], p: str) -> dict[str, Any]:
+        n = len(p) + 1
+        return {"iteration": m.get("iteration"),
+                **{k[n:]: v for k, v in m.items() if k.startswith(p + "/")}}
+
+    def seed(self, records: Iterable[dict[str, Any]]) -> None:
+        for m in records:
+            for p, mon in self.monitors.items():
+                mon.seed([self._view(m, p)])
+
+    def check(self, m: dict[str, Any]) -> list[str]:
+        return [f"policy {p}: {msg}" for p, mon in self.monitors.items()
+                for msg in mon.check(self._view(m, p))]

@@ -27,7 +27,9 @@ from klppo.rl.envs import (
     restore_env_state,
 )
 from klppo.rl.lifecycle import ResumeError, RunLife, check_metrics, read_run_config
-from klppo.rl.monitor import ExplosionMonitor
+from klppo.rl.marl.spec import check_multiagent, is_multiagent
+from klppo.rl.marl.trainer import MultiTrainer
+from klppo.rl.monitor import ExplosionMonitor, PerPolicyMonitor
 from klppo.rl.rollout import Collector
 from klppo.rl.unit import PolicyUnit, episode_means, learning_rate
 from klppo.runs import checkpoint as ckpt
@@ -106,6 +108,10 @@ class _Trainer:
         """First episodes of a new run."""
         self.collector.reset(self.cfg.seed)
 
+    def describe(self, m: dict[str, Any]) -> str:
+        """A short summary of one iteration's metrics (for the log)."""
+        return f"return {m['episode_return_mean']} kl {m['kl_rollout']:.4g}"
+
     # ---------------------------------------------------------------- phases
     def iterate(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -148,8 +154,8 @@ def _iterate_and_log(tr: _Trainer, run: RunLife, writer: M.MetricsWriter, monito
     writer.write(m)
     for w in monitor.check(m):
         run.warn(w)
-    log.info("iteration %d/%d step %d return %s kl %.4g", tr.iteration, tr.cfg.num_iterations,
-             tr.global_step, m["episode_return_mean"], m["kl_rollout"])
+    log.info("iteration %d/%d step %d %s", tr.iteration, tr.cfg.num_iterations, tr.global_step,
+             tr.describe(m))
     return m
 
 
@@ -199,6 +205,10 @@ def _run(tr: _Trainer, run: RunLife, monitor: ExplosionMonitor,
     return TrainResult(run_dir, records, status)
 
 
+def _monitor(tr: _Trainer | MultiTrainer) -> ExplosionMonitor | PerPolicyMonitor:
+    return PerPolicyMonitor(tr.policies) if isinstance(tr, MultiTrainer) else ExplosionMonitor()
+
+
 def _ckpt_iter(run_dir: Path) -> int:
     try:
         return int(ckpt.load_checkpoint(run_dir)["iteration"])
@@ -206,10 +216,10 @@ def _ckpt_iter(run_dir: Path) -> int:
         return 0
 
 
-def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock) -> _Trainer:
+def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock) -> _Trainer | MultiTrainer:
     """Build the trainer in a locked run directory; a failure leaves status 'failed'."""
     try:
-        return _Trainer(cfg, run_dir)
+        return MultiTrainer(cfg, run_dir) if is_multiagent(cfg.env) else _Trainer(cfg, run_dir)
     except Exception as e:
         lock.release()
         msg = f"cannot start: {type(e).__name__}: {e}"
@@ -225,7 +235,10 @@ def train(config: TrainConfig,
     Every check (config, env, extras, the output path) runs before the directory is created.
     """
     validate(config)
-    check_env(config.env)  # an unknown env or a missing extra fails before any directory exists
+    if is_multiagent(config.env):  # the env, its agents and each policy's config
+        check_multiagent(config)
+    else:  # an unknown env or a missing extra fails before any directory exists
+        check_env(config.env)
     resolve_device(config.device)
     if config.track == "wandb":
         M.require_wandb()
@@ -242,7 +255,7 @@ def train(config: TrainConfig,
     R.write_metadata(run_dir, {"kind": "train"})
     tr = _start(run_dir, config, lock)
     tr.start()
-    return _run(tr, RunLife(run_dir, lock, []), ExplosionMonitor(), on_iteration)
+    return _run(tr, RunLife(run_dir, lock, []), _monitor(tr), on_iteration)
 
 
 def resume(run_dir: str | Path,
@@ -276,7 +289,7 @@ def resume(run_dir: str | Path,
     run = RunLife(run_dir, lock, [])
     for p in problems:
         run.warn(f"resume is not exact: {p}")
-    monitor = ExplosionMonitor()
+    monitor = _monitor(tr)
     monitor.seed(kept)
     if tr.iteration >= cfg.num_iterations:
         tr.env.close()

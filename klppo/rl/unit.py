@@ -41,7 +41,7 @@ class PolicyUnit:
 
     def __init__(self, cfg: TrainConfig, obs_dim: int, action_space: Any, num_columns: int,
                  shuffle_seed: int, name: str = "") -> None:
-        self.cfg, self.name = cfg, name
+        self.cfg, self.name, self.obs_dim = cfg, name, obs_dim
         n, r, k = cfg.net, cfg.rollout, cfg.kl
         self.agent = ActorCritic(obs_dim, make_head(action_space), n.hidden, n.shared_trunk,
                                  n.separate_losses, n.log_std_init)

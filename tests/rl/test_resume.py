@@ -26,6 +26,10 @@ CASES = {
     "pendulum_normalised": ("klip/cartpole", [
         "--env", "Pendulum-v1", "--total-steps", "2048", "--rollout.num-envs", "2",
         "--rollout.num-steps", "256", "--rollout.norm-obs", "--rollout.norm-reward"]),
+    "marl": ("marl/simple_adversary", ["--total-steps", "4000", "--rollout.num-steps", "50"]),
+    "marl_continuous": ("marl/simple_adversary_continuous", [
+        "--total-steps", "2400", "--rollout.num-steps", "50", "--rollout.norm-obs",
+        "--rollout.norm-reward"]),
 }
 
 
@@ -53,7 +57,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, case):
     """Classic control, Box2D, MuJoCo and a normalised Box env: the env's physics and RNG are
     restored by replay, so the resumed metrics equal the uninterrupted run's, and two resumes
     of one checkpoint agree."""
-    pytest.importorskip({"lunarlander": "Box2D", "hopper": "mujoco"}.get(case, "gymnasium"))
+    pytest.importorskip({"lunarlander": "Box2D", "hopper": "mujoco", "marl": "mpe2",
+                         "marl_continuous": "mpe2"}.get(case, "gymnasium"))
     assert main(cli_args(case, tmp_path / "full")) == 0
     full = metrics(tmp_path / "full")
     killed = tmp_path / "killed"
