@@ -182,5 +182,11 @@ def _resume(run_dir: str) -> int:
 
 def _report(result) -> int:
     print(f"run directory: {result.run_dir}")
-    print(f"status: {result.status}; final return (last 10% of steps): {result.final_return:.2f}")
+    per_policy = result.final_returns()
+    if per_policy:
+        text = ", ".join(f"{p} {r:.2f}" for p, r in per_policy.items())
+        print(f"status: {result.status}; final return per policy (last 10% of steps): {text}")
+    else:
+        print(f"status: {result.status}; final return (last 10% of steps): "
+              f"{result.final_return:.2f}")
     return 0 if result.status in ("finished", "interrupted") else 1

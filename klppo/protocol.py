@@ -8,12 +8,16 @@ from typing import Any
 __all__ = ["final_return"]
 
 
-def final_return(records: list[dict[str, Any]], fraction: float = 0.1) -> float:
+def final_return(records: list[dict[str, Any]], fraction: float = 0.1,
+                 policy: str | None = None) -> float:
     """Mean return of the training episodes that ended in the last ``fraction`` of the steps.
 
     Each iteration's ``episode_return_mean`` is weighted by its ``episode_count`` (so this is the
     mean over episodes, not over iterations). nan when no episode ended in that window.
+    ``policy``: a multi-agent run's policy (its ``policy/episode_return_mean``, the mean over
+    its agents).
     """
+    key = "episode_return_mean" if policy is None else f"{policy}/episode_return_mean"
     if not records:
         return math.nan
     last = max(r["global_step"] for r in records)
@@ -21,7 +25,7 @@ def final_return(records: list[dict[str, Any]], fraction: float = 0.1) -> float:
     total = count = 0.0
     for r in records:
         n = r.get("episode_count") or 0
-        if r["global_step"] > cut and n and r.get("episode_return_mean") is not None:
-            total += r["episode_return_mean"] * n
+        if r["global_step"] > cut and n and r.get(key) is not None:
+            total += r[key] * n
             count += n
     return total / count if count else math.nan

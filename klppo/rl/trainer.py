@@ -62,6 +62,16 @@ class TrainResult:
         """KLip-PPO protocol: mean training-episode return over the last 10% of steps."""
         return final_return(self.metrics)
 
+    @property
+    def policies(self) -> list[str]:
+        """The policies of a multi-agent run (empty for a single-agent one)."""
+        first = self.metrics[0] if self.metrics else {}
+        return [k[:-len("/kl_rollout")] for k in first if k.endswith("/kl_rollout")]
+
+    def final_returns(self) -> dict[str, float]:
+        """Per policy of a multi-agent run, its final return (as :attr:`final_return`)."""
+        return {p: final_return(self.metrics, policy=p) for p in self.policies}
+
 
 class _Trainer:
     """A single-agent run: one vector env, one collector, one :class:`PolicyUnit`."""
