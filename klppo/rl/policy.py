@@ -24,7 +24,7 @@ from klppo.rl.config import TrainConfig
 from klppo.rl.envs import ObsNormalizer, check_env
 from klppo.runs import checkpoint as ckpt
 
-__all__ = ["Policy", "load"]
+__all__ = ["Policy", "load", "load_policies"]
 
 
 class Policy:
@@ -125,15 +125,9 @@ def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         env.close()
 
 
-def load(run_dir: str | Path) -> Policy:
-    """The policy of a run directory at its last checkpoint (one-line errors for a directory
-    that is not a run or has no readable checkpoint)."""
-    from klppo.rl.lifecycle import read_run_config
-
-    run_dir = Path(run_dir)
-    cfg = read_run_config(run_dir)
-    state = ckpt.load_checkpoint(run_dir)
-    obs_space, act_space = _spaces(cfg.env)
+def _policy(cfg: TrainConfig, state: dict[str, Any], obs_space: gym.Space,
+            act_space: gym.Space) -> Policy:
+    """A :class:`Policy` from one learner's checkpointed state (network and normaliser)."""
     n = cfg.net
     agent = ActorCritic(int(np.prod(obs_space.shape)), make_head(act_space), n.hidden,
                         n.shared_trunk, n.separate_losses, n.log_std_init)
@@ -144,3 +138,40 @@ def load(run_dir: str | Path) -> Policy:
                                  cfg.rollout.clip_obs)
         obs_norm.rms.load_state_dict(state["obs_norm"])
     return Policy(agent, cfg, act_space, obs_norm)
+
+
+def load(run_dir: str | Path, policy: str | None = None) -> Policy:
+    """The policy of a run directory at its last checkpoint (one-line errors for a directory
+    that is not a run or has no readable checkpoint). A multi-agent run holds several:
+    ``policy`` names one (:func:`load_policies` gives them all)."""
+    from klppo.rl.lifecycle import read_run_config
+    from klppo.rl.marl.spec import is_multiagent
+
+    run_dir = Path(run_dir)
+    cfg = read_run_config(run_dir)
+    if is_multiagent(cfg.env):
+        policies = load_policies(run_dir)
+        if policy not in policies:
+            raise ValueError(f"{run_dir} is a multi-agent run: policy={policy!r} must be one of "
+                             f"{sorted(policies)}")
+        return policies[policy]
+    if policy is not None:
+        raise ValueError(f"policy={policy!r}: {run_dir} is a single-agent run (no policy names)")
+    state = ckpt.load_checkpoint(run_dir)
+    obs_space, act_space = _spaces(cfg.env)
+    return _policy(cfg, state, obs_space, act_space)
+
+
+def load_policies(run_dir: str | Path) -> dict[str, Policy]:
+    """Every policy of a multi-agent run directory, by name (each with its own config)."""
+    from klppo.rl.lifecycle import read_run_config
+    from klppo.rl.marl.spec import check_multiagent, is_multiagent
+
+    run_dir = Path(run_dir)
+    cfg = read_run_config(run_dir)
+    if not is_multiagent(cfg.env):
+        raise ValueError(f"{run_dir} is a single-agent run: use load()")
+    state = ckpt.load_checkpoint(run_dir)
+    spec = check_multiagent(cfg)
+    return {p: _policy(spec.configs[p], state["policies"][p], spec.obs_spaces[p],
+                       spec.action_spaces[p]) for p in spec.policies}
