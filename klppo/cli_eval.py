@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
                    help="seed of episode 0 (episode k uses seed + k)")
     p.add_argument("--video", metavar="DIR", help="record every episode as mp4 into DIR "
                                                    "(needs pip install 'klppo[video]')")
+    p.add_argument("--random", nargs="+", metavar="POLICY", default=[],
+                   help="multi-agent runs: these policies act uniformly at random (e.g. a "
+                        "trained adversary against random good agents)")
     p.set_defaults(func=cmd_eval)
 
 
@@ -32,6 +35,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from klppo.runs.configfile import InputError
 
     try:
+        if _multiagent(args.run_dir):
+            return _eval_policies(args)
+        if args.random:
+            raise ValueError(f"--random {' '.join(args.random)}: only for multi-agent runs")
         res = evaluate(args.run_dir, args.episodes, not args.stochastic, args.seed, args.video)
     except (ResumeError, CheckpointError, InputError, RenderingUnavailable, ValueError,
             FileNotFoundError) as e:
@@ -45,5 +52,37 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print("returns: " + " ".join(f"{r:.1f}" for r in res.returns))
     for v in res.videos:
         print(f"video: {v}")
+    print(f"written: {args.run_dir}/eval.json")
+    return 0
+
+
+def _multiagent(run_dir: str) -> bool:
+    from klppo.rl.lifecycle import read_run_config
+    from klppo.rl.marl.spec import is_multiagent
+
+    return is_multiagent(read_run_config(run_dir).env)
+
+
+def _eval_policies(args: argparse.Namespace) -> int:
+    """A multi-agent run: each policy trained or random; a table and eval.json."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from klppo.rl.marl.evaluate import evaluate_policies
+    from klppo.runs.rundir import write_json_atomic
+
+    if args.video:
+        raise ValueError("--video: not available for multi-agent runs")
+    res = evaluate_policies(args.run_dir, args.episodes, args.seed, args.random,
+                            deterministic=not args.stochastic)
+    mode = "deterministic" if not args.stochastic else "sampled"
+    print(f"{args.episodes} episodes ({mode} actions of the trained policies, seeds "
+          f"{args.seed}..{args.seed + args.episodes - 1}); return per episode, mean over a "
+          f"policy's agents:")
+    for p, r in res.items():
+        print(f"  {p:<16} {r.actor:<8} {r.mean:9.2f} +- {r.std:.2f}")
+    out = {"episodes": args.episodes, "deterministic": not args.stochastic, "seed": args.seed,
+           "policies": {p: {**asdict(r), "mean": r.mean, "std": r.std} for p, r in res.items()}}
+    write_json_atomic(Path(args.run_dir) / "eval.json", out)
     print(f"written: {args.run_dir}/eval.json")
     return 0

@@ -194,3 +194,46 @@ def test_run_directory_is_the_single_agent_one(tmp_path):
     assert {"config.yaml", "metrics.jsonl", "checkpoint.pt", "status.json",
             "metadata.json"} <= {p.name for p in out.iterdir()}
     assert json.loads((out / "status.json").read_text())["state"] == "finished"
+
+
+# ------------------------------------------------------------------ using the trained policies
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("marl") / "run"
+    assert main(["train", *GOOD, "--out", str(out)]) == 0
+    return out
+
+
+def test_load_names_a_policy_and_acts_like_the_training_network(tiny_run):
+    import torch
+
+    import klppo
+    from klppo.rl.policy import load_policies
+
+    pols = load_policies(tiny_run)
+    assert sorted(pols) == ["adversary", "agent"]
+    agent = klppo.load(tiny_run, policy="agent")
+    obs = np.random.default_rng(0).normal(size=(4, 10)).astype(np.float32)
+    state = torch.load(tiny_run / "checkpoint.pt", weights_only=False)
+    net = pols["agent"].agent
+    net.load_state_dict(state["policies"]["agent"]["agent"])
+    expect = net.policy_params(torch.from_numpy(obs)).argmax(-1).numpy()
+    assert (agent.act(obs) == expect).all()
+    with pytest.raises(ValueError, match="must be one of"):
+        klppo.load(tiny_run)
+
+
+def test_eval_plays_each_policy_trained_or_random(tiny_run, capsys):
+    from klppo.rl.marl.evaluate import evaluate_policies
+
+    a = evaluate_policies(tiny_run, episodes=3, random=["agent"])
+    b = evaluate_policies(tiny_run, episodes=3, random=["agent"])
+    assert a["adversary"].actor == "trained" and a["agent"].actor == "random"
+    assert a["agent"].returns == b["agent"].returns  # seeded
+    assert main(["eval", str(tiny_run), "--episodes", "2", "--random", "adversary"]) == 0
+    out = capsys.readouterr().out
+    assert "adversary" in out and "random" in out
+    saved = json.loads((tiny_run / "eval.json").read_text())
+    assert saved["policies"]["adversary"]["actor"] == "random"
+    assert main(["eval", str(tiny_run), "--random", "nobody"]) == 2
+    assert "not policies of this run" in capsys.readouterr().err
