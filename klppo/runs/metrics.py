@@ -48,12 +48,17 @@ def dashboard_scalars(metrics: dict[str, Any]) -> dict[str, float]:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or k == "global_step":
             continue
         out[namespaced(k)] = v
-        if k in CLEANRL_NAMES:
-            out[CLEANRL_NAMES[k]] = v
+        policy, _, name = k.rpartition("/")  # a multi-agent run's policy/name
+        if name in CLEANRL_NAMES:
+            out[f"{policy}/{CLEANRL_NAMES[name]}" if policy else CLEANRL_NAMES[name]] = v
     return out
 
 
 def namespaced(key: str) -> str:
+    """``kl/beta`` for ``beta``; a multi-agent run's ``adversary/beta`` -> ``adversary/kl/beta``."""
+    policy, _, name = key.rpartition("/")
+    if policy:
+        return f"{policy}/{namespaced(name)}"
     for prefix, ns in NAMESPACES.items():
         if key.startswith(prefix):
             return f"{ns}/{key}"
