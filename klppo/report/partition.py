@@ -1,0 +1,61 @@
+"""The kill set in numbers: peak kill fraction and the |beta_t| quantiles per env and condition.
+
+On the samples the clip kills, PPO-Clip's gradient is a KL penalty with the per-sample
+coefficient beta_t = -w_t A_t (KLip-PPO, Theorem 1); elsewhere beta_t is 0. The table says how
+large that set got (``frac_kill``, the peak over training of its mean over seeds) and how large
+the coefficient was on it at the end (``beta_t_q50/q90/q99``: quantiles of |beta_t| over all
+samples, averaged over the last 10% of environment steps, then mean ± std over seeds).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from klppo.report.load import Run
+
+__all__ = ["partition_table"]
+
+QUANTILES = ("beta_t_q50", "beta_t_q90", "beta_t_q99")
+
+
+def _peak_kill(runs: list[Run]) -> tuple[float, int]:
+    """Max over iterations of the seed-mean kill fraction, and its environment step."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for r in runs:
+        for m in r.metrics:
+            if isinstance(m.get("frac_kill"), float):
+                by_step[int(m["global_step"])].append(m["frac_kill"])
+    means = {s: statistics.mean(v) for s, v in by_step.items() if len(v) == len(runs)}
+    step = max(means, key=lambda s: means[s])
+    return means[step], step
+
+
+def _final(run: Run, key: str, fraction: float = 0.1) -> float | None:
+    last = max(int(m["global_step"]) for m in run.metrics)
+    vals = [m[key] for m in run.metrics
+            if int(m["global_step"]) > last * (1 - fraction) and isinstance(m.get(key), float)]
+    return statistics.mean(vals) if vals else None
+
+
+def _mean_std(xs: list[float]) -> str:
+    return f"{statistics.mean(xs):.3g} ± {statistics.pstdev(xs):.2g}"
+
+
+def partition_table(runs: list[Run]) -> str:
+    """A markdown table, one row per (env, condition) whose runs log a kill fraction."""
+    groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for r in runs:
+        if r.metrics and "frac_kill" in r.metrics[0] and "beta_t_q90" in r.metrics[0]:
+            groups[(r.env, r.condition)].append(r)
+    lines = ["| env | condition | seeds | peak kill fraction (at env step) | final abs(beta_t) "
+             "q50 | q90 | q99 |", "|---|---|---|---|---|---|---|"]
+    for (env, cond), rs in sorted(groups.items()):
+        peak, step = _peak_kill(rs)
+        qs = []
+        for key in QUANTILES:
+            vals = [v for v in (_final(r, key) for r in rs) if v is not None]
+            qs.append(_mean_std(vals) if vals else "-")
+        lines.append(f"| {env} | {cond} | {len(rs)} | {peak:.3f} ({step:,}) | "
+                     + " | ".join(qs) + " |")
+    return "\n".join(lines)
