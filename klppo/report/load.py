@@ -13,10 +13,9 @@ import yaml
 
 from klppo.protocol import final_return
 from klppo.runs.configfile import InputError, parse_yaml
-from klppo.runs.metrics import read_metrics
+from klppo.runs.metrics import policies_of, read_metrics
 
-__all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine", "policies_of",
-           "policy_config"]
+__all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine", "policy_config"]
 
 
 @dataclass
@@ -94,17 +93,6 @@ def _overrides(config: dict[str, Any]) -> list[str]:
     marl = config.get("marl") or {}
     items = marl.get("overrides") if isinstance(marl, dict) else None
     return [str(x) for x in items] if isinstance(items, list) else []
-
-
-def policies_of(records: list[dict[str, Any]]) -> list[str]:
-    """The policies of a multi-agent run's metrics (the ``POLICY/kl_rollout`` keys), in the
-    order they are logged; [] for a single-agent run."""
-    names: dict[str, None] = {}
-    for r in records:
-        for k in r:
-            if k.endswith("/kl_rollout"):
-                names.setdefault(k[:-len("/kl_rollout")], None)
-    return list(names)
 
 
 def policy_config(config: dict[str, Any], policy: str) -> dict[str, Any]:
