@@ -195,7 +195,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     print(format_table(rep.summaries))
     for q in rep.equivalences:
-        print(f"equivalence {q.env} seed {q.seed}: max |clip - per_sample_kl| return "
+        who = f" policy {q.policy}" if q.policy is not None else ""
+        print(f"equivalence {q.env} seed {q.seed}{who}: max |clip - per_sample_kl| return "
               f"difference {q.max_abs_diff:.3g} over {q.iterations} iterations")
     print(f"report: {rep.html.resolve()}")
     return 0

@@ -14,6 +14,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("replay", help="feed a KL trace (or a simulated plant) to controllers")
     p.add_argument("trace", nargs="?", help="a run directory, its metrics.jsonl, or a CSV file")
     p.add_argument("--column", help="trace column (default kl_observed / kl_rollout / kl)")
+    p.add_argument("--policy", metavar="NAME",
+                   help="a multi-agent run's policy: replay its trace (its NAME/ columns and "
+                        "NAME/kl_target); required for a multi-agent run")
     p.add_argument("--target", type=float, help="target KL (default: the run's, else 0.02)")
     p.add_argument("--controller", nargs="+", metavar="SPEC",
                    help="e.g. step:preset=rllib proportional:beta=1,horizon=10 (default: one "
@@ -46,6 +49,11 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise bad("--target", args.target, "must be finite and > 0")
     if args.column is not None and not args.column.strip():
         raise bad("--column", args.column, "must name a column")
+    if args.policy is not None and not args.policy.strip():
+        raise bad("--policy", args.policy, "must name a policy")
+    if args.policy is not None and args.closed_loop:
+        raise bad("--policy", args.policy, "not used with --closed-loop (it picks a policy of "
+                                           "a multi-agent run's trace)")
     if args.closed_loop and args.trace:
         raise bad("trace", args.trace, "not used with --closed-loop (give one or the other)")
     if not args.closed_loop and not args.trace:
@@ -68,10 +76,11 @@ def _inputs(args: argparse.Namespace):
         target = args.target or 0.02
         steps, kl = list(range(args.steps)), None
     else:
-        steps, kl, run_target = load_trace(args.trace, args.column)
+        steps, kl, run_target = load_trace(args.trace, args.column, args.policy)
         target = args.target or run_target or 0.02
         if not (math.isfinite(target) and target > 0):
-            raise ValueError(f"trace={args.trace!r}: kl_target={target!r} must be finite and "
+            key = "kl_target" if args.policy is None else f"{args.policy}/kl_target"
+            raise ValueError(f"trace={args.trace!r}: {key}={target!r} must be finite and "
                              f"> 0 (or pass --target)")
     specs = args.controller or default_controllers(target)
     return steps, kl, target, dict(parse_controller(s, target) for s in specs)
@@ -102,7 +111,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         kls = {"trace": kl}
         rows = [(label, tracking_metrics(kl, b, target, ctrls[label].beta_min,
                                          ctrls[label].beta_max)) for label, b in betas.items()]
-        title = f"open loop: {args.trace}"
+        title = f"open loop: {args.trace}" + (
+            f", policy {args.policy}" if args.policy is not None else "")
         xlabel = trace_x_label(args.trace)
     with open(out / "replay.csv", "w", newline="") as f:
         w = csv.writer(f)
@@ -111,7 +121,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         for i, s in enumerate(steps):
             w.writerow([s, *(kls[k][i] for k in kls), *(betas[k][i] for k in labels)])
     png = plot_lab(steps, kls, betas, target, title, out / "replay.png", xlabel)
-    print(f"target {target:g} (nats per sample)")
+    who = f"policy {args.policy}: " if args.policy is not None else ""
+    print(f"{who}target {target:g} (nats per sample)")
     hdr = ("tracking_error", "overshoot", "settling_time", "time_at_bounds")
     print(f"{'controller':<42}" + "".join(f"{h:>16}" for h in hdr) + f"{'final beta':>12}")
     for label, m in rows:

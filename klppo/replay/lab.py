@@ -33,13 +33,14 @@ import numpy as np
 
 from klppo.core.controllers import KLController, make_controller
 from klppo.runs.configfile import InputFileError, read_text
+from klppo.runs.metrics import policies_of
 
 __all__ = ["Plant", "load_trace", "parse_controller", "default_controllers", "open_loop",
            "closed_loop", "tracking_metrics", "LoopResult", "trace_x_label"]
 
 
-def load_trace(path: str | Path, column: str | None = None) -> tuple[list[float], list[float],
-                                                                       float | None]:
+def load_trace(path: str | Path, column: str | None = None,
+               policy: str | None = None) -> tuple[list[float], list[float], float | None]:
     """``(steps, kl, target)`` from a run's ``metrics.jsonl`` (or its directory) or a CSV file.
 
     metrics.jsonl: ``column`` defaults to ``kl_observed`` (what the run's controller saw), else
@@ -49,6 +50,11 @@ def load_trace(path: str | Path, column: str | None = None) -> tuple[list[float]
     from a ``step`` column, else the row index. Anything else (a missing, empty or malformed
     file, a missing column, a value that is not a finite number) raises ``ValueError`` naming
     ``trace``, the file and the line.
+
+    A multi-agent run logs each policy's metrics as ``POLICY/name``: ``policy`` picks one, and
+    its ``policy/`` columns are read as above (``column`` without the prefix, the target its
+    ``policy/kl_target``). A multi-agent run without ``policy``, and ``policy`` with an unknown
+    policy, a single-agent run or a CSV file, raise ``ValueError`` naming the policies.
     """
     p = Path(path)
     if p.is_dir():
@@ -59,8 +65,30 @@ def load_trace(path: str | Path, column: str | None = None) -> tuple[list[float]
     if not text.strip():
         raise InputFileError(f"trace={str(p)!r}: empty file")
     if p.suffix == ".jsonl":
-        return _trace_jsonl(p, text, column)
+        return _trace_jsonl(p, text, column, policy)
+    if policy is not None:
+        raise InputFileError(f"--policy={policy!r}: trace={str(p)!r} is a CSV file, not a "
+                             "multi-agent run's metrics.jsonl")
     return (*_trace_csv(p, text, column), None)
+
+
+def _policy_prefix(p: Path, records: list[dict[str, Any]], policy: str | None) -> str:
+    """``"policy/"`` for a multi-agent trace, ``""`` for a single-agent one; ValueError when
+    ``policy`` does not fit the trace."""
+    policies = policies_of(records)
+    listed = ", ".join(repr(x) for x in policies)
+    if policy is None:
+        if policies:
+            raise InputFileError(f"trace={str(p)!r}: a multi-agent run (policies {listed}): "
+                                 "choose one with --policy NAME")
+        return ""
+    if not policies:
+        raise InputFileError(f"--policy={policy!r}: trace={str(p)!r} is a single-agent run "
+                             "(no POLICY/kl_rollout metrics)")
+    if policy not in policies:
+        raise InputFileError(f"--policy={policy!r}: not a policy of trace={str(p)!r} "
+                             f"(its policies: {listed})")
+    return f"{policy}/"
 
 
 def trace_x_label(path: str | Path) -> str:
@@ -84,7 +112,7 @@ def _number(p: Path, where: str, col: str, v: object) -> float:
     return float(v)  # type: ignore[arg-type]
 
 
-def _trace_jsonl(p: Path, text: str, column: str | None):
+def _trace_jsonl(p: Path, text: str, column: str | None, policy: str | None = None):
     lines = text.splitlines()
     recs = []
     for i, line in enumerate(lines, 1):
@@ -98,17 +126,21 @@ def _trace_jsonl(p: Path, text: str, column: str | None):
             raise InputFileError(f"trace={str(p)!r}: line {i}: not a JSON object")
         if r is not None:
             recs.append((i, r))
-    col = column or next((c for c in ("kl_observed", "kl_rollout", "kl")
-                          if any(c in r for _, r in recs)), "kl_observed")
+    pre = _policy_prefix(p, [r for _, r in recs], policy)
+    if pre and column and column.startswith(pre):
+        column = column[len(pre):]
+    col = pre + (column or next((c for c in ("kl_observed", "kl_rollout", "kl")
+                                 if any(pre + c in r for _, r in recs)), "kl_observed"))
     rows = [(i, r) for i, r in recs if r.get(col) is not None]
     if not rows:
         raise InputFileError(f"trace={str(p)!r}: no values in column {col!r}")
     kl = [_number(p, f"line {i}", col, r[col]) for i, r in rows]
     steps = [_number(p, f"line {i}", "global_step", r.get("global_step", r.get("iteration", i)))
              for i, r in rows]
-    target = next((r["kl_target"] for _, r in rows if r.get("kl_target") is not None), None)
+    tk = pre + "kl_target"
+    target = next((r[tk] for _, r in rows if r.get(tk) is not None), None)
     if target is not None:
-        target = _number(p, "kl_target", "kl_target", target)
+        target = _number(p, tk, tk, target)
     return steps, kl, target
 
 

@@ -2,12 +2,15 @@
 
 Reads run directories only (no torch). Runs are grouped by environment, so runs of different
 environments never share a table; everything unreadable is listed with the reason it was skipped.
+A multi-agent run counts once per policy (:meth:`Run.of_policy`): its table rows, curves, KL
+panels and partitions are per (condition, policy), and the tables gain a ``policy`` column.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +20,7 @@ from klppo.report.html import render_html
 from klppo.report.load import Run, describe_machine, load_runs
 from klppo.report.stats import Summary, summarize
 
-__all__ = ["Report", "make_report", "equivalence", "format_table"]
+__all__ = ["Report", "make_report", "equivalence", "format_table", "units", "has_policies"]
 
 
 @dataclass
@@ -26,6 +29,7 @@ class Equivalence:
     seed: int
     max_abs_diff: float
     iterations: int
+    policy: str | None = None
 
 
 @dataclass
@@ -41,21 +45,29 @@ class Report:
     """the machines (and software) the runs were measured on, one line each"""
 
 
+def units(runs: list[Run]) -> list[Run]:
+    """What the report counts: each single-agent run, and each policy of each multi-agent run
+    (:meth:`Run.of_policy`)."""
+    return [u for r in runs for u in ([r.of_policy(p) for p in r.policies] or [r])]
+
+
 def equivalence(runs: list[Run]) -> list[Equivalence]:
     """Max |difference| of the return curves of clip and per_sample_kl (clip shape) runs that
-    share env and seed (0 expected with power-of-two minibatches: Theorem 1)."""
+    share env and seed (0 expected with power-of-two minibatches: Theorem 1); per policy for
+    multi-agent runs (given as :func:`units`)."""
     def is_psk_clip(r: Run) -> bool:
         return r.objective == "per_sample_kl" and (r.config.get("ppo") or {}).get(
             "shape", "clip") == "clip"
 
     out = []
-    pairs: dict[tuple[str, int], dict[str, Run]] = defaultdict(dict)
+    pairs: dict[tuple[str, int, str | None], dict[str, Run]] = defaultdict(dict)
     for r in runs:
         if r.objective == "clip":
-            pairs[(r.env, r.seed)]["clip"] = r
+            pairs[(r.env, r.seed, r.policy)]["clip"] = r
         elif is_psk_clip(r):
-            pairs[(r.env, r.seed)]["psk"] = r
-    for (env, seed), p in sorted(pairs.items()):
+            pairs[(r.env, r.seed, r.policy)]["psk"] = r
+    for (env, seed, policy), p in sorted(pairs.items(), key=lambda kv: (*kv[0][:2],
+                                                                        kv[0][2] or "")):
         if len(p) < 2:
             continue
         a = [m.get("episode_return_mean") for m in p["clip"].metrics]
@@ -69,37 +81,84 @@ def equivalence(runs: list[Run]) -> list[Equivalence]:
                 diffs.append(math.inf)
             else:
                 diffs.append(abs(x - y))
-        out.append(Equivalence(env, seed, max(diffs) if diffs else math.nan, n))
+        out.append(Equivalence(env, seed, max(diffs) if diffs else math.nan, n, policy))
     return out
 
 
+def has_policies(rows: list[Summary] | list[Equivalence]) -> bool:
+    """Whether a table has multi-agent rows, and so a ``policy`` column (``—`` for the
+    single-agent rows); single-agent tables are as they always were."""
+    return any(r.policy is not None for r in rows)
+
+
 def format_table(summaries: list[Summary]) -> str:
-    """Markdown final-return table (KLip-PPO protocol) with IQM and its bootstrap 95% CI."""
-    lines = ["| env | condition | seeds | final return (mean ± std) | IQM [95% CI] |",
-             "|---|---|---|---|---|"]
+    """Markdown final-return table (KLip-PPO protocol) with IQM and its bootstrap 95% CI; one
+    row per (env, condition), or per (env, condition, policy) for multi-agent runs."""
+    marl = has_policies(summaries)
+    lines = [f"| env | condition | {'policy | ' if marl else ''}seeds | final return "
+             "(mean ± std) | IQM [95% CI] |", "|---|---|---|---|---|" + ("---|" if marl else "")]
     for s in summaries:
-        lines.append(f"| {s.env} | {s.condition} | {s.n} | {s.mean:.1f} ± {s.std:.1f} | "
+        pol = f"{s.policy or '—'} | " if marl else ""
+        lines.append(f"| {s.env} | {s.condition} | {pol}{s.n} | {s.mean:.1f} ± {s.std:.1f} | "
                      f"{s.iqm:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}] |")
     return "\n".join(lines)
 
 
 def _write_csv(path: Path, summaries: list[Summary]) -> None:
+    marl = has_policies(summaries)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["env", "condition", "seeds", "mean", "std", "iqm", "ci_low", "ci_high",
-                    "per_seed"])
+        w.writerow(["env", "condition", *(["policy"] if marl else []), "seeds", "mean", "std",
+                    "iqm", "ci_low", "ci_high", "per_seed"])
         for s in summaries:
-            w.writerow([s.env, s.condition, s.n, s.mean, s.std, s.iqm, s.ci_low, s.ci_high,
+            w.writerow([s.env, s.condition, *([s.policy or ""] if marl else []), s.n, s.mean,
+                        s.std, s.iqm, s.ci_low, s.ci_high,
                         ";".join(f"{k}:{v}" for k, v in sorted(s.per_seed.items()))])
+
+
+def _write_equivalence(out: Path, eqs: list[Equivalence]) -> None:
+    marl = has_policies(eqs)
+    md = [f"| env | seed | {'policy | ' if marl else ''}iterations | max abs diff of return "
+          "curves |", "|---|---|---|---|" + ("---|" if marl else "")]
+    for e in eqs:
+        pol = f"{e.policy or '—'} | " if marl else ""
+        md.append(f"| {e.env} | {e.seed} | {pol}{e.iterations} | {e.max_abs_diff:.3g} |")
+    (out / "equivalence.md").write_text("\n".join(md) + "\n")
+    with open(out / "equivalence.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["env", "seed", *(["policy"] if marl else []), "iterations", "max_abs_diff"])
+        for e in eqs:
+            w.writerow([e.env, e.seed, *([e.policy or ""] if marl else []), e.iterations,
+                        e.max_abs_diff])
+
+
+def _safe(name: str) -> str:
+    """A part of a figure's file name: '/', ':' and white space become '-'."""
+    return re.sub(r"[/:\s]", "-", name)
 
 
 def _env_figures(env: str, rs: list[Run], fig_dir: Path,
                  smooth: int) -> list[tuple[str, Path]]:
     """Learning curves; per penalised condition, KL vs target and beta (seeds overlaid); per
-    clip-like condition, the partition and beta_t. ``(caption, png)`` pairs."""
+    clip-like condition, the partition and beta_t. ``(caption, png)`` pairs. A multi-agent
+    env's figures are per policy, in the order the runs log their policies."""
+    groups: dict[str | None, list[Run]] = defaultdict(list)
+    for r in rs:
+        groups[r.policy].append(r)
+    return [f for policy, prs in groups.items()
+            for f in _group_figures(env, prs, fig_dir, smooth, policy)]
+
+
+def _group_figures(env: str, rs: list[Run], fig_dir: Path, smooth: int,
+                   policy: str | None) -> list[tuple[str, Path]]:
+    """:func:`_env_figures` of the runs of one env, or of one policy's views of them."""
     safe = env.replace("/", "-").replace(":", "-")
-    figures = [(f"{env}: learning curves",
-                F.save(F.learning_curves(env, rs, smooth), fig_dir, f"{safe}__curves"))]
+    who, stem, part = "", safe, str
+    if policy is not None:
+        who, stem, part = f" / policy {policy}", f"{safe}__{_safe(policy)}", _safe
+    figures = [(f"{env}{who}: learning curves",
+                F.save(F.learning_curves(f"{env}{who}", rs, smooth), fig_dir,
+                       f"{stem}__curves"))]
     penalised: dict[str, list[Run]] = defaultdict(list)
     clip_like: dict[str, list[Run]] = defaultdict(list)
     for r in rs:
@@ -112,13 +171,13 @@ def _env_figures(env: str, rs: list[Run], fig_dir: Path,
         what = "KL vs target and beta" if F.has_target(crs) is not None else \
             "KL and beta (fixed beta: no target)"
         note = f" {F.ANNEAL_NOTE}" if F.lr_anneals(crs) else ""
-        figures.append((f"{env} / {cond}: {what}, seeds {seeds}.{note}",
-                        F.save(F.kl_tracking(env, cond, crs, smooth), fig_dir,
-                               f"{safe}__{cond}__kl")))
+        figures.append((f"{env} / {cond}{who}: {what}, seeds {seeds}.{note}",
+                        F.save(F.kl_tracking(env, f"{cond}{who}", crs, smooth), fig_dir,
+                               f"{stem}__{part(cond)}__kl")))
     for cond, crs in sorted(clip_like.items()):
-        figures.append((f"{env} / {cond}: partition (kill, pass, in) and beta_t",
-                        F.save(F.partitions(env, cond, crs, smooth), fig_dir,
-                               f"{safe}__{cond}__partition")))
+        figures.append((f"{env} / {cond}{who}: partition (kill, pass, in) and beta_t",
+                        F.save(F.partitions(env, f"{cond}{who}", crs, smooth), fig_dir,
+                               f"{stem}__{part(cond)}__partition")))
     return figures
 
 
@@ -136,32 +195,28 @@ def make_report(paths: list[str | Path], out_dir: str | Path, smooth: int = 1) -
     runs = loaded.runs
     notes = [f"{r.path}: {n}" for r in runs for n in r.notes]
     by_env: dict[str, list[Run]] = defaultdict(list)
-    for r in runs:
+    for r in units(runs):
         by_env[r.env].append(r)
     summaries: list[Summary] = []
     figures: list[tuple[str, Path]] = []
     for env, rs in sorted(by_env.items()):
-        by_cond: dict[str, dict[int, float]] = defaultdict(dict)
+        by_cond: dict[tuple[str, str | None], dict[int, float]] = defaultdict(dict)
         for r in rs:
-            if r.seed in by_cond[r.condition]:
-                notes.append(f"{r.path}: a second run of {env} / {r.condition} / seed "
-                             f"{r.seed}; the first one found is used")
+            if r.seed in by_cond[(r.condition, r.policy)]:
+                note = (f"{r.path}: a second run of {env} / {r.condition} / seed {r.seed}; the "
+                        "first one found is used")
+                if note not in notes:  # once for a multi-agent run, not once per policy
+                    notes.append(note)
                 continue
-            by_cond[r.condition][r.seed] = r.final_return
-        summaries += [summarize(env, c, s) for c, s in sorted(by_cond.items())]
+            by_cond[(r.condition, r.policy)][r.seed] = r.final_return
+        summaries += [summarize(env, c, s, p) for (c, p), s in
+                      sorted(by_cond.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
         figures += _env_figures(env, rs, fig_dir, smooth)
-    eqs = equivalence(runs)
+    eqs = equivalence(units(runs))
     table = format_table(summaries)
     (out / "final_returns.md").write_text(table + "\n")
     _write_csv(out / "final_returns.csv", summaries)
-    eq_md = ["| env | seed | iterations | max abs diff of return curves |", "|---|---|---|---|"]
-    eq_md += [f"| {e.env} | {e.seed} | {e.iterations} | {e.max_abs_diff:.3g} |" for e in eqs]
-    (out / "equivalence.md").write_text("\n".join(eq_md) + "\n")
-    with open(out / "equivalence.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["env", "seed", "iterations", "max_abs_diff"])
-        for e in eqs:
-            w.writerow([e.env, e.seed, e.iterations, e.max_abs_diff])
+    _write_equivalence(out, eqs)
     machines = sorted({describe_machine(r.metadata) for r in runs})
     html = out / "report.html"
     html.write_text(render_html(summaries, eqs, figures, runs, loaded.skipped, notes,

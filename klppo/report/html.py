@@ -42,9 +42,18 @@ def _machines(machines: list[str]) -> list[str]:
             "numbers on the same machine and software, not necessarily on another.</p>"]
 
 
+def _policy_cell(row, marl: bool) -> str:
+    """The ``policy`` cell of a table with multi-agent rows (``—`` on single-agent rows)."""
+    if not marl:
+        return ""
+    return f"<td style='text-align:left'>{html.escape(row.policy or '—')}</td>"
+
+
 def render_html(summaries, equivalences, figures, runs, skipped, notes, smooth: int = 1,
                 machines: list[str] | None = None) -> str:
     e = html.escape
+    marl = any(s.policy is not None for s in summaries)
+    eq_marl = any(q.policy is not None for q in equivalences)
     parts = ["<!doctype html><html><head><meta charset='utf-8'>",
              "<title>klppo report</title>", f"<style>{CSS}</style></head><body>",
              "<h1>klppo report</h1>",
@@ -52,21 +61,29 @@ def render_html(summaries, equivalences, figures, runs, skipped, notes, smooth: 
              "mean of training-episode returns over the last 10% of environment steps per seed; "
              "mean and population std over seeds; IQM with a bootstrap 95% CI.</p>",
              *_machines(machines or []),
-             "<h2>Final return</h2><table><tr><th>env</th><th>condition</th><th>seeds</th>"
+             "<h2>Final return</h2>" + (
+                 "<p class='muted'>Multi-agent runs have one row per condition and policy: a "
+                 "policy's return is the mean over its agents of their episode returns (its "
+                 "<code>POLICY/episode_return_mean</code>).</p>" if marl else "")
+             + "<table><tr><th>env</th><th>condition</th>"
+             f"{'<th>policy</th>' if marl else ''}<th>seeds</th>"
              "<th>mean ± std</th><th>IQM [95% CI]</th><th>per seed</th></tr>"]
     for s in summaries:
         per = ", ".join(f"{k}: {_num(v)}" for k, v in sorted(s.per_seed.items()))
-        parts.append(f"<tr><td>{e(s.env)}</td><td>{e(s.condition)}</td><td>{s.n}</td>"
+        parts.append(f"<tr><td>{e(s.env)}</td><td>{e(s.condition)}</td>"
+                     f"{_policy_cell(s, marl)}<td>{s.n}</td>"
                      f"<td>{_num(s.mean)} ± {_num(s.std)}</td><td>{_num(s.iqm)} "
                      f"[{_num(s.ci_low)}, {_num(s.ci_high)}]</td><td>{e(per)}</td></tr>")
     parts.append("</table>")
     parts.append("<h2>Equivalence: clip vs per-sample KL (Theorem 1)</h2>")
     if equivalences:
-        parts.append("<table><tr><th>env</th><th>seed</th><th>iterations</th>"
+        parts.append("<table><tr><th>env</th><th>seed</th>"
+                     f"{'<th>policy</th>' if eq_marl else ''}<th>iterations</th>"
                      "<th>max |diff| of return curves</th></tr>")
         for q in equivalences:
             cls = "ok" if q.max_abs_diff == 0 else "bad"
-            parts.append(f"<tr><td>{e(q.env)}</td><td>{q.seed}</td><td>{q.iterations}</td>"
+            parts.append(f"<tr><td>{e(q.env)}</td><td>{q.seed}</td>{_policy_cell(q, eq_marl)}"
+                         f"<td>{q.iterations}</td>"
                          f"<td class='{cls}'>{q.max_abs_diff:.3g}</td></tr>")
         parts.append("</table><p class='muted'>0 is expected with power-of-two minibatches: "
                      "the two objectives have bit-identical gradients.</p>")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,9 +12,10 @@ from typing import Any
 import yaml
 
 from klppo.protocol import final_return
-from klppo.runs.metrics import read_metrics
+from klppo.runs.configfile import InputError, parse_yaml
+from klppo.runs.metrics import policies_of, read_metrics
 
-__all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine"]
+__all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine", "policy_config"]
 
 
 @dataclass
@@ -25,6 +28,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     """the run's metadata.json ({} when missing or unreadable)"""
+    policy: str | None = None
+    """set on one policy's view of a multi-agent run (:meth:`of_policy`); None otherwise"""
 
     @property
     def env(self) -> str:
@@ -42,6 +47,25 @@ class Run:
     def final_return(self) -> float:
         return final_return(self.metrics)
 
+    @property
+    def policies(self) -> list[str]:
+        """A multi-agent run's policies (its ``POLICY/kl_rollout`` metrics); [] otherwise."""
+        return policies_of(self.metrics)
+
+    def of_policy(self, policy: str) -> Run:
+        """One policy of a multi-agent run seen as a single-agent run: its ``policy/`` metrics
+        without the prefix beside the shared ones (``global_step``, ``episode_count``, ...),
+        and the run's config with that policy's ``marl.overrides``. Path, seed, condition,
+        status and metadata are the run's."""
+        pre = f"{policy}/"
+        metrics = []
+        for r in self.metrics:
+            m = {k: v for k, v in r.items() if "/" not in k}
+            m.update({k[len(pre):]: v for k, v in r.items() if k.startswith(pre)})
+            metrics.append(m)
+        return dataclasses.replace(self, config=policy_config(self.config, policy),
+                                   metrics=metrics, notes=[], policy=policy)
+
 
 @dataclass
 class Loaded:
@@ -50,15 +74,49 @@ class Loaded:
 
 
 def condition_of(config: dict[str, Any]) -> str:
-    """A readable condition label from a run's config (used outside sweeps)."""
+    """A readable condition label from a run's config (used outside sweeps); a multi-agent
+    run's per-policy ``marl.overrides`` follow it in parentheses."""
     obj = config.get("objective", "?")
     kl = config.get("kl", {}) or {}
     ppo = config.get("ppo", {}) or {}
     if obj in ("kl_penalty", "clip_kl"):
-        return f"{obj}[{kl.get('controller', 'fixed')}]"
-    if obj == "per_sample_kl" and ppo.get("shape", "clip") != "clip":
-        return f"per_sample_kl[{ppo.get('shape')}]"
-    return str(obj)
+        label = f"{obj}[{kl.get('controller', 'fixed')}]"
+    elif obj == "per_sample_kl" and ppo.get("shape", "clip") != "clip":
+        label = f"per_sample_kl[{ppo.get('shape')}]"
+    else:
+        label = str(obj)
+    overrides = _overrides(config)
+    return f"{label} ({'; '.join(overrides)})" if overrides else label
+
+
+def _overrides(config: dict[str, Any]) -> list[str]:
+    marl = config.get("marl") or {}
+    items = marl.get("overrides") if isinstance(marl, dict) else None
+    return [str(x) for x in items] if isinstance(items, list) else []
+
+
+def policy_config(config: dict[str, Any], policy: str) -> dict[str, Any]:
+    """A multi-agent run's config as one policy trains with it: its ``marl.overrides`` items
+    ``policy:field=value`` (``kl.target=0.004``; values read as YAML) set over the run's own,
+    as the trainer sets them (``klppo.rl.marl.spec.policy_configs``)."""
+    out = copy.deepcopy(config)
+    for item in _overrides(config):
+        where, ok, setting = item.partition(":")
+        name, eq, text = setting.partition("=")
+        if not ok or not eq or where.strip() != policy or not name.strip():
+            continue
+        try:
+            value = parse_yaml(text.strip(), "marl.overrides") if text.strip() else None
+        except InputError:
+            value = text.strip()
+        node = out
+        *parents, leaf = name.strip().split(".")
+        for p in parents:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[leaf] = value
+    return out
 
 
 class _Skip(Exception):
@@ -76,8 +134,11 @@ def _number(v: Any) -> bool:
 
 
 def _usable(record: dict[str, Any]) -> bool:
+    """global_step is a number, and so is every metric the report reads (a multi-agent run's
+    ``POLICY/`` ones included), or null."""
     return _number(record.get("global_step")) and all(
-        record[k] is None or _number(record[k]) for k in _NUMERIC if k in record)
+        v is None or _number(v) for k, v in record.items()
+        if k in _NUMERIC or ("/" in k and k.rpartition("/")[2] in _NUMERIC))
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -96,9 +157,12 @@ def _read_config(path: Path) -> dict[str, Any]:
     seed = config.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise _Skip(f"config.yaml: seed={seed!r} is not an integer")
-    for key in ("ppo", "kl"):
+    for key in ("ppo", "kl", "marl"):
         if not isinstance(config.get(key) or {}, dict):
             raise _Skip(f"config.yaml: {key}={config[key]!r} is not a mapping")
+    overrides = (config.get("marl") or {}).get("overrides")
+    if overrides is not None and not isinstance(overrides, list):
+        raise _Skip(f"config.yaml: marl.overrides={overrides!r} is not a list")
     return config
 
 

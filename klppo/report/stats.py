@@ -42,16 +42,19 @@ class Summary:
     ci_low: float
     ci_high: float
     per_seed: dict[int, float]
+    policy: str | None = None
+    """a multi-agent run's policy (one row per condition and policy); None: single-agent"""
 
 
-def summarize(env: str, condition: str, per_seed: dict[int, float]) -> Summary:
+def summarize(env: str, condition: str, per_seed: dict[int, float],
+              policy: str | None = None) -> Summary:
     vals = np.array([v for v in per_seed.values() if not math.isnan(v)], float)
     if len(vals) == 0:
         return Summary(env, condition, 0, math.nan, math.nan, math.nan, math.nan, math.nan,
-                       per_seed)
+                       per_seed, policy)
     lo, hi = bootstrap_iqm_ci(vals)
     return Summary(env, condition, len(vals), float(vals.mean()), float(vals.std(ddof=0)),
-                   iqm(vals), lo, hi, per_seed)
+                   iqm(vals), lo, hi, per_seed, policy)
 
 
 def curve_on_grid(steps: list[float], values: list[float | None],

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 log = logging.getLogger(__name__)
 
 __all__ = ["Sink", "JsonlSink", "TensorBoardSink", "WandbSink", "require_wandb",
-           "wandb_run_id", "MetricsWriter", "read_metrics", "truncate_metrics", "NAMESPACES",
-           "CLEANRL_NAMES", "dashboard_scalars"]
+           "wandb_run_id", "MetricsWriter", "read_metrics", "policies_of", "truncate_metrics",
+           "NAMESPACES", "CLEANRL_NAMES", "dashboard_scalars"]
 
 #: key prefix -> dashboard namespace (CleanRL style) for TensorBoard and W&B.
 NAMESPACES: dict[str, str] = {
@@ -182,6 +182,17 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
             else:
                 bad += 1
     return records, bad
+
+
+def policies_of(records: list[dict[str, Any]]) -> list[str]:
+    """The policies of a multi-agent run's metrics records (each logs ``POLICY/kl_rollout``), in
+    the order they are logged; [] for a single-agent run."""
+    names: dict[str, None] = {}
+    for r in records:
+        for k in r:
+            if k.endswith("/kl_rollout"):
+                names.setdefault(k[:-len("/kl_rollout")], None)
+    return list(names)
 
 
 def truncate_metrics(path: Path, keep_iterations: int) -> None:

@@ -15,6 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 JSONL_OK = "".join(json.dumps({"global_step": 10 * i, "kl_observed": 0.01 * i}) + "\n"
                    for i in range(1, 4))
+#: a multi-agent run's metrics: each policy's under its prefix
+MARL_OK = "".join(json.dumps({"global_step": 10 * i, **{
+    f"{p}/{k}": 0.01 * i for p in ("adversary", "agent") for k in ("kl_rollout", "kl_observed")},
+    "adversary/kl_target": 0.004, "agent/kl_target": 0.01}) + "\n" for i in range(1, 4))
 
 
 def _file(name: str, data: str | bytes):
@@ -75,6 +79,22 @@ CASES = {
     "csv_bad_step": (T, _file("t.csv", "step,kl\nfirst,0.1\n"), ["trace=", "step='first'"]),
     "csv_short_row": (T, _file("t.csv", "step,kl\n0\n"), ["trace=", "kl=None"]),
     "column_blank": (T + ["--column", " "], _file("t.csv", "kl\n0.1\n"), ["--column=' '"]),
+    # multi-agent traces (--policy)
+    "marl_without_policy": (T, _file("t.jsonl", MARL_OK),
+                            ["trace=", "multi-agent", "'adversary', 'agent'", "--policy"]),
+    "policy_unknown": (T + ["--policy", "bob"], _file("t.jsonl", MARL_OK),
+                       ["--policy='bob'", "not a policy", "'adversary', 'agent'"]),
+    "policy_on_single_agent_run": (T + ["--policy", "agent"], _file("t.jsonl", JSONL_OK),
+                                   ["--policy='agent'", "trace=", "single-agent"]),
+    "policy_on_csv": (T + ["--policy", "agent"], _file("t.csv", "kl\n0.1\n"),
+                      ["--policy='agent'", "trace=", "CSV"]),
+    "policy_blank": (T + ["--policy", " "], _file("t.jsonl", MARL_OK), ["--policy=' '"]),
+    "policy_with_closed_loop": (CL + ["--policy", "agent"], None,
+                                ["--policy='agent'", "--closed-loop"]),
+    "policy_column_missing": (T + ["--policy", "agent", "--column", "kl_x"],
+                              _file("t.jsonl", MARL_OK), ["trace=", "'agent/kl_x'"]),
+    "policy_bad_target": (T + ["--policy", "agent"], _file("t.jsonl", MARL_OK.replace(
+        '"agent/kl_target": 0.01', '"agent/kl_target": -1')), ["trace=", "agent/kl_target=-1"]),
     # output
     "out_is_file": (CL + ["--out", "{tmp}/f"], None, ["out=", "not a directory"]),
     "out_under_file": (CL + ["--out", "{tmp}/f/o"], None, ["out=", "is a file"]),
@@ -108,6 +128,7 @@ def test_a_torn_last_line_is_still_read(tmp_path, capsys):
 @pytest.mark.parametrize("argv, needles", [
     (["replay", "--closed-loop", "--steps", "0"], ["--steps=0"]),
     (["replay", "{tmp}/nope.jsonl"], ["trace=", "no such file"]),
+    (["replay", "--closed-loop", "--policy", "agent"], ["--policy='agent'"]),
 ])
 def test_real_subprocess_bad_input(argv, needles, tmp_path):
     argv = [a.format(tmp=tmp_path) for a in argv]

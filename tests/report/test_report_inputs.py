@@ -42,6 +42,14 @@ DAMAGE = [
     ("config-empty", "config.yaml", "", "config.yaml is empty"),
     ("config-seed", "config.yaml", "env: Env-v0\nseed: one\n", "config.yaml: seed='one' is not"),
     ("config-kl-list", "config.yaml", "env: Env-v0\nkl: [1]\n", "config.yaml: kl=[1] is not a"),
+    # multi-agent runs
+    ("config-marl-list", "config.yaml", "env: Env-v0\nmarl: [1]\n",
+     "config.yaml: marl=[1] is not a mapping"),
+    ("config-marl-overrides", "config.yaml", "env: Env-v0\nmarl: {overrides: a:kl.beta=1}\n",
+     "config.yaml: marl.overrides='a:kl.beta=1' is not a list"),
+    ("metrics-policy-strings", "metrics.jsonl",
+     '{"global_step": 100, "a/kl_rollout": 0.01, "a/kl_target": "low", "episode_count": 1}\n',
+     "metrics.jsonl holds no complete record"),
 ]
 
 
