@@ -45,6 +45,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--smooth", type=int, default=1, metavar="K",
                    help="figures: moving average over K iterations (default 1: raw curves; "
                         "tables are never smoothed)")
+    p.add_argument("--finished-only", action="store_true",
+                   help="leave out runs that did not finish (a sweep still under way)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("demo", help="the main job: the KLip-PPO four-way comparison on "
                                     "CartPole (3 seeds), then the report")
@@ -182,7 +184,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     try:
         _check_report_args(args.paths, args.out, args.smooth)
-        rep = make_report(args.paths, args.out, smooth=args.smooth)
+        rep = make_report(args.paths, args.out, smooth=args.smooth,
+                          finished_only=args.finished_only)
     except (FlagError, OSError) as e:
         print(f"klppo report: {_one_line(e)}", file=sys.stderr)
         return 2

@@ -181,17 +181,19 @@ def _group_figures(env: str, rs: list[Run], fig_dir: Path, smooth: int,
     return figures
 
 
-def make_report(paths: list[str | Path], out_dir: str | Path, smooth: int = 1) -> Report:
+def make_report(paths: list[str | Path], out_dir: str | Path, smooth: int = 1,
+                finished_only: bool = False) -> Report:
     """Tables, figures and report.html for the runs under ``paths``, written to ``out_dir``.
 
     ``smooth``: the figures' curves are trailing moving averages over that many iterations
-    (1: raw). The tables never smooth."""
+    (1: raw). The tables never smooth. ``finished_only``: leave out runs that did not finish
+    (listed in ``skipped``)."""
     if not isinstance(smooth, int) or isinstance(smooth, bool) or smooth < 1:
         raise ValueError(f"smooth={smooth!r}: must be an integer >= 1 (iterations)")
     out = Path(out_dir)
     fig_dir = out / "figures"
     out.mkdir(parents=True, exist_ok=True)
-    loaded = load_runs(paths)
+    loaded = load_runs(paths, finished_only)
     runs = loaded.runs
     notes = [f"{r.path}: {n}" for r in runs for n in r.notes]
     by_env: dict[str, list[Run]] = defaultdict(list)

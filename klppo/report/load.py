@@ -271,10 +271,12 @@ def _targets(p: Path, skipped: list[tuple[str, str]]) -> list[tuple[Path, str | 
     return [(c, None) for c in children]
 
 
-def load_runs(paths: list[str | Path]) -> Loaded:
+def load_runs(paths: list[str | Path], finished_only: bool = False) -> Loaded:
     """Load run directories, sweep directories (``index.json``) and parents of run dirs.
 
     Nothing unreadable stops the load: each such path is listed in ``skipped`` with the reason.
+    ``finished_only``: runs whose status is not ``finished`` (running, interrupted, failed) are
+    skipped too, so a sweep still under way reports whole runs only.
     """
     runs: list[Run] = []
     skipped: list[tuple[str, str]] = []
@@ -295,6 +297,8 @@ def load_runs(paths: list[str | Path]) -> Loaded:
                 continue
             seen.add(key)
             run, why = _load_run(path, cond)
+            if run is not None and finished_only and run.status != "finished":
+                run, why = None, f"not finished (status {run.status!r}; --finished-only)"
             if run is None:
                 skipped.append((str(path), why or "unreadable"))
             else:

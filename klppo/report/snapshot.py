@@ -3,8 +3,8 @@ machine they were measured on, written by a command (``make demo-table``), never
 
     python -m klppo.report.snapshot RUNS DEST [--title T] [--command C] [--smooth K]
 
-writes ``DEST/final_returns.md`` and ``DEST/equivalence.md`` (each with the header) and
-``DEST/report.html``.
+writes ``DEST/final_returns.md``, ``DEST/equivalence.md`` and, where runs log a kill set,
+``DEST/partition.md`` (each with the header), and ``DEST/report.html``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from klppo.report.build import Report, format_table, make_report
+from klppo.report.load import load_runs
+from klppo.report.partition import partition_table
 
 __all__ = ["FLOAT_NOTE", "header", "write_snapshot", "main"]
 
@@ -24,6 +26,12 @@ __all__ = ["FLOAT_NOTE", "header", "write_snapshot", "main"]
 FLOAT_NOTE = ("Float results differ across machines (CPU model and instruction set, torch "
               "build, thread count): the same command gives these numbers on the same machine "
               "and software, and different (statistically similar) ones elsewhere.")
+
+
+PARTITION_NOTE = ("peak over training of the seed-mean kill fraction (samples whose clipped "
+                  "gradient is zero, where beta_t = -w_t A_t), and the quantiles of |beta_t| "
+                  "over all samples (0 off the kill set), averaged over the last 10% of "
+                  "environment steps; mean ± population std over seeds.")
 
 
 def header(title: str, rep: Report, command: str) -> str:
@@ -40,14 +48,14 @@ def header(title: str, rep: Report, command: str) -> str:
 
 
 def write_snapshot(paths: list[str | Path], dest: str | Path, title: str,
-                   command: str, smooth: int = 1) -> Report:
+                   command: str, smooth: int = 1, finished_only: bool = False) -> Report:
     """The report of ``paths`` as a snapshot in ``dest``: tables with :func:`header`, and the
     self-contained report.html (figures embedded, ``smooth`` as in ``make_report``; nothing
     else is copied)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        rep = make_report(paths, tmp, smooth=smooth)
+        rep = make_report(paths, tmp, smooth=smooth, finished_only=finished_only)
         if not rep.summaries:
             raise ValueError(f"{[str(p) for p in paths]}: no readable run")
         top = header(title, rep, command)
@@ -59,6 +67,10 @@ def write_snapshot(paths: list[str | Path], dest: str | Path, title: str,
         (dest / "equivalence.md").write_text(
             top + "\nclip vs per_sample_kl, same seed: max |difference| of the return curves "
             "(0 on any one machine: Theorem 1).\n\n" + eq)
+        table = partition_table(load_runs(paths, finished_only).runs)
+        if len(table.splitlines()) > 2:
+            (dest / "partition.md").write_text(
+                top + "\nThe kill set: " + PARTITION_NOTE + "\n\n" + table + "\n")
         shutil.copyfile(rep.html, dest / "report.html")
     return rep
 
@@ -73,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the command that regenerates it (shown in the header)")
     p.add_argument("--smooth", type=int, default=1, metavar="K",
                    help="report figures: moving average over K iterations (tables: never)")
+    p.add_argument("--finished-only", action="store_true",
+                   help="leave out runs that did not finish")
     a = p.parse_args(argv)
     try:
-        rep = write_snapshot(a.paths, a.dest, a.title, a.command, a.smooth)
+        rep = write_snapshot(a.paths, a.dest, a.title, a.command, a.smooth, a.finished_only)
     except (OSError, ValueError) as e:
         print(f"snapshot: {e}", file=sys.stderr)
         return 2

@@ -41,8 +41,27 @@ def test_snapshot_names_the_machine_and_the_command(tmp_path):
     html = (tmp_path / "snap" / "report.html").read_text()
     assert "Measured on" in html and "AMD EPYC CPU" in html
     assert sorted(p.name for p in (tmp_path / "snap").iterdir()) == [
-        "equivalence.md", "final_returns.md", "report.html"]
+        "equivalence.md", "final_returns.md", "partition.md", "report.html"]
+    part = (tmp_path / "snap" / "partition.md").read_text()
+    assert f"Measured on: {MACHINE}." in part
+    assert "| Env-v0 | clip | 2 | 0.100 (100) | 0 ± 0 | 0.5 ± 0 | 1 ± 0 |" in part
     assert rep.machines == [MACHINE]
+
+
+def test_finished_only_leaves_out_unfinished_runs(tmp_path, capsys):
+    from klppo.cli import main as klppo
+
+    fake_run(tmp_path / "runs", "done", "Env-v0", "clip", 0, [1.0, 2.0])
+    part = fake_run(tmp_path / "runs", "part", "Env-v0", "clip", 1, [5.0, 6.0])
+    (part / "status.json").write_text(json.dumps({"state": "interrupted"}))
+    rep = write_snapshot([tmp_path / "runs"], tmp_path / "snap", "T", "c", finished_only=True)
+    assert [s.per_seed for s in rep.summaries] == [{0: 2.0}]
+    assert any("not finished" in why for _, why in rep.skipped)
+    assert klppo(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep"),
+                  "--finished-only"]) == 0
+    assert "not finished (status 'interrupted'" in capsys.readouterr().out
+    assert klppo(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "rep2")]) == 0
+    assert "| Env-v0 | clip | 2 |" in capsys.readouterr().out
 
 
 def test_snapshot_command(tmp_path, capsys):
