@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"snapshot: {e}", file=sys.stderr)
         return 2
     print(format_table(rep.summaries))
-    print(f"wrote {a.dest}/final_returns.md, equivalence.md and report.html")
+    print(f"wrote {a.dest}: final_returns.md, equivalence.md, partition.md (where runs log a "
+          f"kill set), report.html")
     return 0
 
 
