@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from klppo.rl import config as C
+from klppo.runs.configfile import merge_nested
 
 __all__ = ["SweepSpec", "RunPlan", "load_spec", "expand", "DEMO_SPEC"]
 
@@ -149,13 +150,6 @@ def _dotted(name: str, d: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def _overlay(where: str, d: dict[str, Any], base: C.TrainConfig,
              check: bool = False) -> C.TrainConfig:
     """``C.from_dict`` (+ ``C.validate``) with every error as one ConfigError naming ``where``."""
@@ -201,7 +195,7 @@ def expand(spec: SweepSpec) -> list[RunPlan]:
         for point in points:
             label = cname + "".join(f"__{k.split('.')[-1]}={v}" for k, v in zip(keys, point)
                                     if k != "env")  # the env already leads the run name
-            overrides = _merge(cover, _dotted("grid", dict(zip(keys, point))))
+            overrides = merge_nested(cover, _dotted("grid", dict(zip(keys, point))))
             for seed in spec.seeds:
                 cfg = _overlay(f"condition {label}, seed {seed}", {**overrides, "seed": seed},
                                base_cfg, check=True)

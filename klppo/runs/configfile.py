@@ -120,3 +120,12 @@ def overlay(base: T, values: dict[str, Any]) -> T:
                                     f"{type(base).__name__}{hint}")
         changes[name] = check_value(name, value, hints[name])
     return dataclasses.replace(base, **changes)
+
+
+def merge_nested(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """``a`` with ``b`` laid over it, nested mappings merged key by key (neither is changed)."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merge_nested(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
+            else v
+    return out

@@ -15,6 +15,7 @@ import pytest
 from klppo import rl
 from klppo.cli import main
 from klppo.rl.trainer import TIMING_KEYS
+from tests.core.test_controllers import rllib_reference  # RLlib's update_kl, written out
 
 pytest.importorskip("mpe2")
 
@@ -36,19 +37,6 @@ def records(res):
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in res.metrics]
 
 
-def rllib_kl_coeff(sampled_kls, kl_coeff=0.2, kl_target=0.01):
-    """RLlib PPO's ``update_kl`` (ray/rllib/algorithms/ppo), written out: x1.5 above twice the
-    target, x0.5 below half of it; the coefficient after each update."""
-    out = []
-    for kl in sampled_kls:
-        if kl > 2.0 * kl_target:
-            kl_coeff *= 1.5
-        elif kl < 0.5 * kl_target:
-            kl_coeff *= 0.5
-        out.append(kl_coeff)
-    return out
-
-
 def test_rllib_rule_replayed_on_each_policys_kl_gives_its_beta_trajectory(tmp_path):
     """Each policy's beta is RLlib's rule applied to that policy's logged KL, exactly; with
     different targets the two trajectories differ (they evolve independently)."""
@@ -61,13 +49,13 @@ def test_rllib_rule_replayed_on_each_policys_kl_gives_its_beta_trajectory(tmp_pa
     for p, target in targets.items():
         kls = [r[f"{p}/kl_observed"] for r in m]
         betas[p] = [r[f"{p}/beta_after"] for r in m]
-        assert betas[p] == rllib_kl_coeff(kls, kl_target=target)
+        assert betas[p] == rllib_reference(kls, kl_target=target)
         assert [r[f"{p}/kl_target"] for r in m] == [target] * len(m)
         assert [r[f"{p}/beta"] for r in m] == betas[p]
         assert len(set(betas[p])) > 2, f"{p}'s beta never moved: {betas[p]}"
     assert betas["adversary"] != betas["agent"]
     # each trajectory is its own KL's: the other policy's KL replays to another one
-    assert rllib_kl_coeff([r["agent/kl_observed"] for r in m],
+    assert rllib_reference([r["agent/kl_observed"] for r in m],
                           kl_target=targets["adversary"]) != betas["adversary"]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from klppo.rl import config as C
 from klppo.rl.envs import EnvError
-from klppo.runs.configfile import InputError, parse_yaml
+from klppo.runs.configfile import InputError, merge_nested, parse_yaml
 
 __all__ = ["PREFIX", "is_multiagent", "env_kwargs", "make_parallel_env", "map_policies",
            "policy_configs", "MultiAgentSpec", "check_multiagent"]
@@ -114,13 +114,6 @@ def _dotted(field: str, value: Any) -> dict[str, Any]:
     return d
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def policy_configs(cfg: C.TrainConfig, policies: dict[str, list[str]]) -> dict[str, C.TrainConfig]:
     """Each policy's config: the run's, with its ``marl.overrides``, validated, and with
     ``rollout.num_envs`` = envs x its agents (the columns of its rollout)."""
@@ -135,7 +128,7 @@ def policy_configs(cfg: C.TrainConfig, policies: dict[str, list[str]]) -> dict[s
             raise C.ConfigError(f"marl.overrides={item!r}: {field} is not a per-policy field "
                                 f"(only {', '.join(PER_POLICY)})")
         d = _dotted(field, _yaml_value(value, f"marl.overrides {item}"))
-        over[where.strip()] = _merge(over[where.strip()], d)
+        over[where.strip()] = merge_nested(over[where.strip()], d)
     out = {}
     for name, agents in policies.items():
         base = copy.deepcopy(cfg)
