@@ -64,9 +64,10 @@ def write_snapshot(paths: list[str | Path], dest: str | Path, title: str,
             "environment steps per seed; mean ± population std over seeds; IQM with a "
             "bootstrap 95% CI.\n\n" + format_table(rep.summaries) + "\n")
         eq = (Path(tmp) / "equivalence.md").read_text()
-        (dest / "equivalence.md").write_text(
-            top + "\nclip vs per_sample_kl, same seed: max |difference| of the return curves "
-            "(0 on any one machine: Theorem 1).\n\n" + eq)
+        if rep.equivalences:  # clip and per_sample_kl runs of one seed to compare
+            (dest / "equivalence.md").write_text(
+                top + "\nclip vs per_sample_kl, same seed: max |difference| of the return "
+                "curves (0 on any one machine: Theorem 1).\n\n" + eq)
         table = partition_table(load_runs(paths, finished_only).runs)
         if len(table.splitlines()) > 2:
             (dest / "partition.md").write_text(
