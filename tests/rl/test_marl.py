@@ -83,6 +83,18 @@ def test_metrics_are_prefixed_per_policy_and_global_step_counts_env_steps(tmp_pa
     assert first["episode_count"] == cfg.rollout.num_envs * 2  # 50 steps = two episodes each
 
 
+def test_every_policy_anneals_its_learning_rate_over_the_whole_run(tmp_path):
+    """Each policy's schedule is the run's, whatever its number of agents (a policy sized in its
+    own samples once reached lr 0 half-way and then went negative)."""
+    cfg = short(tmp_path, total_steps=4000)
+    res = rl.train(cfg)
+    n = cfg.num_iterations
+    for p in ("adversary", "agent"):
+        lrs = [r[f"{p}/lr"] for r in res.metrics]
+        assert lrs == [cfg.ppo.lr * (1 - i / n) for i in range(n)]
+    assert min(lrs) > 0
+
+
 def test_same_seed_same_metrics_other_seed_others(tmp_path):
     a = records(rl.train(short(tmp_path, "a")))
     b = records(rl.train(short(tmp_path, "b")))

@@ -115,8 +115,10 @@ def _dotted(field: str, value: Any) -> dict[str, Any]:
 
 
 def policy_configs(cfg: C.TrainConfig, policies: dict[str, list[str]]) -> dict[str, C.TrainConfig]:
-    """Each policy's config: the run's, with its ``marl.overrides``, validated, and with
-    ``rollout.num_envs`` = envs x its agents (the columns of its rollout)."""
+    """Each policy's config: the run's, with its ``marl.overrides``, validated, and sized in its
+    own samples: ``rollout.num_envs`` = envs x its agents (the columns of its rollout) and
+    ``total_steps`` likewise, so its ``num_iterations`` (the learning-rate schedule) is the
+    run's."""
     over: dict[str, dict[str, Any]] = {p: {} for p in policies}
     for item in cfg.marl.overrides:
         where, ok, setting = str(item).partition(":")
@@ -133,10 +135,12 @@ def policy_configs(cfg: C.TrainConfig, policies: dict[str, list[str]]) -> dict[s
     for name, agents in policies.items():
         base = copy.deepcopy(cfg)
         base.rollout.num_envs = cfg.rollout.num_envs * len(agents)
+        base.total_steps = cfg.total_steps * len(agents)
         try:
             out[name] = C.validate(C.from_dict(over[name], base))
         except C.ConfigError as e:
             raise C.ConfigError(f"marl.overrides (policy {name}): {e}") from None
+        assert out[name].num_iterations == cfg.num_iterations, name
     return out
 
 
