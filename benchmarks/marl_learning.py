@@ -18,6 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import torch
+
 from klppo.protocol import final_return
 from klppo.report.load import describe_machine
 from klppo.report.snapshot import FLOAT_NOTE
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dest")
     ap.add_argument("--episodes", type=int, default=200)
     args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # one small network per step: more threads only contend
     sweep = Path(args.sweep)
     results = {run: measure(run, args.episodes) for run in _runs(sweep)}
     if not results:
