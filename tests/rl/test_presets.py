@@ -12,8 +12,10 @@ import klppo.rl as rl
 from klppo.rl.config import PRESETS
 from klppo.rl.envs import EnvError
 
-EXTRA = {"klip/lunarlander": "Box2D"} | {k: "mujoco" for k in PRESETS
-                                         if k not in ("klip/cartpole", "klip/lunarlander")}
+EXTRA = {"klip/lunarlander": "Box2D"} | {
+    k: "mpe2" if k.startswith("marl/") else "mujoco" for k in PRESETS
+    if k not in ("klip/cartpole", "klip/lunarlander")}
+EXTRA_NAME = {"Box2D": "box2d", "mujoco": "mujoco", "mpe2": "marl"}
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -24,14 +26,16 @@ def test_preset_runs_one_iteration(tmp_path, name):
                             ppo=dataclasses.replace(c.ppo, update_epochs=1))
     module = EXTRA.get(name)
     if module and importlib.util.find_spec(module) is None:
-        extra = "box2d" if module == "Box2D" else "mujoco"
+        extra = EXTRA_NAME[module]
         with pytest.raises(EnvError, match=rf"pip install 'klppo\[{extra}\]'"):
             rl.train(c)
         return
     res = rl.train(c)
     (m,) = res.metrics
     assert m["global_step"] == one
-    assert all(math.isfinite(m[k]) for k in ("kl_rollout", "loss", "value_loss", "entropy"))
+    prefixes = [f"{p}/" for p in res.policies] or [""]  # a multi-agent run: every policy
+    assert all(math.isfinite(m[p + k]) for p in prefixes
+               for k in ("kl_rollout", "loss", "value_loss", "entropy"))
     assert res.status == "finished"
 
 
