@@ -300,7 +300,7 @@ def test_a_run_directory_another_process_holds_is_waited_for(tmp_path, monkeypat
 def test_ray_backend_stops_on_request_and_the_runs_resume(tmp_path):
     ray = pytest.importorskip("ray")
     s = spec(conditions={"clip": {"objective": "clip"}}, seeds=[0, 1, 2, 3],
-             base={**BASE, "total_steps": 8192})
+             base={**BASE, "total_steps": 65536})  # long enough to be stopped
     stop = SweepStop()
 
     def stop_at_first_iteration():
