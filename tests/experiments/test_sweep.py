@@ -303,12 +303,12 @@ def test_ray_backend_stops_on_request_and_the_runs_resume(tmp_path):
              base={**BASE, "total_steps": 65536})  # long enough to be stopped
     stop = SweepStop()
 
-    def stop_at_first_iteration():
-        while not any(f.read_text() for f in (tmp_path / "ray").glob("runs/*/metrics.jsonl")):
+    def stop_when_both_run():  # a cancel that reaches a task still starting may be lost
+        while sum(bool(f.read_text()) for f in (tmp_path / "ray").glob("runs/*/metrics.jsonl")) < 2:
             time.sleep(0.02)
         stop.request()
 
-    threading.Thread(target=stop_at_first_iteration, daemon=True).start()
+    threading.Thread(target=stop_when_both_run, daemon=True).start()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # 2 run, 2 wait
     try:
         res = run_sweep(s, tmp_path / "ray", backend="ray", stop=stop)
