@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,14 @@ def outcome(job: Job, rc: int) -> dict[str, Any]:
     return {"state": "failed", "error": err, "traceback": tail, "wall_s": wall}
 
 
+def _interruptible() -> None:
+    """Undo an inherited 'ignore SIGINT' (a shell's background job passes it to the Ray workers
+    it starts): ``ray.cancel`` stops a running task with SIGINT, which must reach it."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_one(run_dir: str | Path) -> dict[str, Any]:
     """Run (or resume, or skip) one sweep run in a fresh Python process; never raises.
 
@@ -116,6 +125,7 @@ def run_one(run_dir: str | Path) -> dict[str, Any]:
     status = R.read_status(Path(run_dir))
     if status and status.get("state") == "finished":
         return {"state": "finished", "error": None, "wall_s": None}
+    _interruptible()
     job = start(run_dir)
     while True:
         try:  # short waits: ray.cancel raises KeyboardInterrupt only between bytecodes

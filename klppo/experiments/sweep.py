@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,11 @@ def _ray_runner() -> Callable[[dict[str, str], int, Done, SweepStop], None]:
         raise C.ConfigError("backend='ray': needs the ray extra: pip install 'klppo[ray]'") \
             from None
     if not ray.is_initialized():  # before our signal handlers: ray.init installs its own
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # a shell's background job (`klppo sweep ... &`) ignores SIGINT, and so would every
+            # Ray worker started from here: ray.cancel, which stops a running task with SIGINT,
+            # would then never reach it
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
                  log_to_driver=False, ignore_reinit_error=True)
     return _ray
