@@ -106,11 +106,15 @@ class NumpyMLPRunner:
                 action += below[:, j]
             logp = logp_all[np.arange(n), action]
             return action, logp, out, value
-        log_std = np.broadcast_to(self.log_std, out.shape)
+        n, d = out.shape
+        log_std = self.log_std  # [d], broadcast over the rows: the same numbers per row
         noise = self.rng.standard_normal(out.shape, dtype=np.float32)
         action = out + np.exp(log_std) * noise
         logp = (-0.5 * noise * noise - log_std - _HALF_LOG_2PI).sum(1)
-        return action, logp, np.concatenate([out, log_std], 1), value
+        params = np.empty((n, 2 * d), np.float32)
+        params[:, :d] = out
+        params[:, d:] = log_std
+        return action, logp, params, value
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         return _forward(self.critic, obs)[:, 0]

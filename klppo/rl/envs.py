@@ -175,15 +175,24 @@ class RunningMeanStd:
 
     def update(self, x: np.ndarray) -> None:
         n = x.shape[0]
-        if n == 1:  # one env (the MuJoCo presets): the same numbers without two reductions
-            batch_mean, batch_var = x[0], 0.0
-        else:
-            batch_mean, batch_var = x.mean(0), x.var(0)
+        if n == 1:  # one env (the MuJoCo presets): the same numbers with fewer operations
+            self._update_one(x[0])
+            return
+        batch_mean, batch_var = x.mean(0), x.var(0)
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean = self.mean + delta * n / total
         m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
         self.var = m2 / total
+        self.count = total
+
+    def _update_one(self, x: np.ndarray) -> None:
+        """:meth:`update` with one sample (batch mean ``x``, batch variance 0), bit for bit: its
+        ``* n`` (n = 1) and ``+ batch_var * n`` (+ 0.0 to a non-negative sum) change no bit."""
+        delta = x - self.mean
+        total = self.count + 1
+        self.mean = self.mean + delta / total
+        self.var = (self.var * self.count + delta**2 * self.count / total) / total
         self.count = total
 
     def state_dict(self) -> dict[str, Any]:

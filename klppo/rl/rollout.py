@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +112,11 @@ class Collector:
         return self.obs_norm(obs, update) if self.obs_norm is not None else obs
 
     def _check(self, obs: np.ndarray, rew: np.ndarray, iteration: int, t: int) -> None:
+        # one sum is finite when every term is; the exact test runs only when it is not (a sum
+        # of huge finite values overflows, with numpy's overflow warning, and passes it)
+        if math.isfinite(np.add.reduce(obs, axis=None)) and \
+                math.isfinite(np.add.reduce(rew, axis=None)):
+            return
         if not np.isfinite(obs).all():
             raise NonFiniteEnvError(f"iteration {iteration}, step {t}: the environment returned "
                                     f"a non-finite observation")
