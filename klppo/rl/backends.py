@@ -147,12 +147,12 @@ class NumpyStep(_Backend):
 
 
     def step(self, idx: torch.Tensor, beta: float) -> StepResult:
-        i, npb = idx.numpy(), self.np
-        a_i = np.take(self.adv, i)
+        i, npb = idx.numpy(), self.np  # ndarray.take: np.take's result without its dispatch
+        a_i = self.adv.take(i)
         r = self.optimizer.step(
-            *(np.take(npb[k], i, axis=0) for k in ("obs", "actions", "params", "logp")), a_i,
-            np.take(npb["returns"], i), np.take(npb["values"], i), beta, self.p.ent_coef > 0,
-            self.loss.needs_analytic_kl)
+            npb["obs"].take(i, 0), npb["actions"].take(i, 0), npb["params"].take(i, 0),
+            npb["logp"].take(i), a_i, npb["returns"].take(i), npb["values"].take(i), beta,
+            self.p.ent_coef > 0, self.loss.needs_analytic_kl)
         terms = {k: r[k] for k in ("loss", "loss_objective", "loss_critic", "loss_entropy",
                                    "kl_penalty") if k in r}
         return StepResult(i, r["logp"], r["values"], r["entropy"], r["kl"], a_i,
