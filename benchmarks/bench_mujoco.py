@@ -7,6 +7,8 @@ Per task, one thread per process, run one after another (never side by side on t
 
 * **raw**: the bare MuJoCo env (``env.unwrapped``) stepped with uniform random actions, resetting
   on termination: the physics rate, the ceiling of any trainer;
+* **raw (gym)**: the issue's raw rate: ``gym.make(task)`` (its standard wrappers) stepped with
+  ``env.action_space.sample()``, resetting on termination or truncation;
 * **klppo**: ``klppo train --preset klip/<task>`` (1 env x 2048 steps, 10 epochs of minibatch
   64, observation and reward normalisation) as a whole process, imports included; and, from its
   metrics, the **collection rate** (steps / ``time_collect``) and the in-loop rate;
@@ -39,6 +41,20 @@ t = time.perf_counter()
 for i in range(n):
     _, _, term, _, _ = env.step(acts[i % 4096])
     if term:
+        env.reset()
+print("RESULT", n / (time.perf_counter() - t))
+"""
+
+RAW_GYM = """
+import time, gymnasium as gym
+env = gym.make({task!r})
+env.reset(seed=0)
+env.action_space.seed(0)
+n = {n}
+t = time.perf_counter()
+for i in range(n):
+    _, _, term, trunc, _ = env.step(env.action_space.sample())
+    if term or trunc:
         env.reset()
 print("RESULT", n / (time.perf_counter() - t))
 """
@@ -76,11 +92,14 @@ def bench_task(task: str, steps: int, sb3: bool) -> dict:
     preset = "klip/" + task.split("-")[0].lower()
     _, (raw,) = run(RAW.format(task=task, n=20_000))
     raw = float(raw)
+    _, (raw_gym,) = run(RAW_GYM.format(task=task, n=20_000))
+    raw_gym = float(raw_gym)
     with tempfile.TemporaryDirectory() as d:
         wall, (done, collect, update) = run(KLPPO.format(preset=preset, steps=steps,
                                                          out=os.path.join(d, "run")))
     done, collect, update = int(done), float(collect), float(update)
-    r = {"task": task, "steps": done, "raw": raw, "klppo_wall": wall, "klppo": done / wall,
+    r = {"task": task, "steps": done, "raw": raw, "raw_gym": raw_gym, "klppo_wall": wall,
+         "klppo": done / wall,
          "collection": done / collect, "in_loop": done / (collect + update),
          "update_s_per_2048": update / (done / 2048)}
     if sb3:
@@ -99,11 +118,12 @@ def main() -> None:
     for _ in range(args.repeats):
         for task in args.tasks:
             r = bench_task(task, args.steps, not args.no_sb3)
-            line = (f"{task:<14} raw {r['raw']:>6,.0f}/s  klppo {r['klppo']:>6,.0f}/s "
-                    f"(whole process; in loop {r['in_loop']:,.0f}/s, collection "
-                    f"{r['collection']:,.0f}/s = {r['collection'] / r['raw']:.0%} of raw, "
-                    f"update {r['update_s_per_2048']:.3f} s per 2048 steps)  "
-                    f"run / physics time {r['raw'] / r['klppo']:.2f}x")
+            line = (f"{task:<14} raw {r['raw']:>6,.0f}/s (gym {r['raw_gym']:,.0f}/s)  klppo "
+                    f"{r['klppo']:>6,.0f}/s (whole process; in loop {r['in_loop']:,.0f}/s, "
+                    f"collection {r['collection']:,.0f}/s = {r['collection'] / r['raw']:.0%} of "
+                    f"raw, {r['collection'] / r['raw_gym']:.0%} of gym; update "
+                    f"{r['update_s_per_2048']:.3f} s per 2048 steps)  run / physics time "
+                    f"{r['raw'] / r['klppo']:.2f}x (gym {r['raw_gym'] / r['klppo']:.2f}x)")
             if "sb3" in r:
                 line += f"  sb3 {r['sb3']:,.0f}/s  klppo/sb3 {r['klppo'] / r['sb3']:.2f}x"
             print(line, flush=True)
