@@ -15,7 +15,8 @@ from klppo.protocol import final_return
 from klppo.runs.configfile import InputError, parse_yaml
 from klppo.runs.metrics import policies_of, read_metrics
 
-__all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine", "policy_config"]
+__all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine", "policy_config",
+           "resumes", "run_machines"]
 
 
 @dataclass
@@ -182,6 +183,20 @@ def _read_metadata(path: Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+def resumes(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The resumes a run's metadata.json records (each with its own provenance), oldest
+    first; [] for a run never resumed or written before klppo recorded resumes."""
+    rs = meta.get("resumes")
+    return [r for r in rs if isinstance(r, dict)] if isinstance(rs, list) else []
+
+
+def run_machines(meta: dict[str, Any]) -> list[str]:
+    """Every machine (and software) a run's iterations were computed on: its start and each
+    resume, one line each (see :func:`describe_machine`), without repeats."""
+    lines = [describe_machine(m) for m in (meta, *resumes(meta))]
+    return list(dict.fromkeys(lines))
+
+
 def describe_machine(meta: dict[str, Any]) -> str:
     """One line naming the machine and software a run was measured on, from its metadata.json
     (``machine`` is recorded since klppo 0.1; older runs give host and platform only)."""
@@ -226,6 +241,11 @@ def _read_run(path: Path, condition: str | None) -> Run:
         run.notes.append(f"skipped {bad} malformed line(s) in metrics.jsonl (killed mid-write?)")
     if status not in (None, "finished"):
         run.notes.append(f"run status is {status!r}: its curve is partial")
+    started = describe_machine(run.metadata)
+    for r in resumes(run.metadata):
+        if describe_machine(r) != started:
+            run.notes.append(f"resumed at iteration {r.get('iteration')} on another machine or "
+                             f"software: {describe_machine(r)}")
     return run
 
 

@@ -291,6 +291,8 @@ def resume(run_dir: str | Path,
         raise
     if not (run_dir / "metadata.json").exists():
         R.write_metadata(run_dir, {"kind": "train"})
+    elif state is not None:
+        R.record_resume(run_dir, int(state["iteration"]))
     tr = _start(run_dir, cfg, lock)
     problems = tr.load_state_dict(state) if state else []
     if state is None:

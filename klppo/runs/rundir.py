@@ -32,8 +32,8 @@ from klppo.runs.configfile import InputError, InputFileError, parse_yaml, read_t
 from klppo.runs.paths import check_writable
 
 __all__ = ["DirBusyError", "DirLock", "default_run_name", "create_run_dir",
-           "remove_stale_temp_files", "write_metadata", "write_yaml", "read_yaml",
-           "write_json_atomic", "write_status", "read_status", "atomic_write_bytes"]
+           "remove_stale_temp_files", "write_metadata", "record_resume", "write_yaml",
+           "read_yaml", "write_json_atomic", "write_status", "read_status", "atomic_write_bytes"]
 
 
 def default_run_name(env: str, objective: str, seed: int) -> str:
@@ -215,10 +215,11 @@ def machine() -> dict[str, Any]:
             "gpu": gpu}
 
 
-def write_metadata(run_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def _provenance() -> dict[str, Any]:
+    """This process: klppo version and commit, package versions, command line, machine."""
     import klppo
 
-    meta = {
+    return {
         "klppo_version": klppo.__version__,
         "git_commit": _git_commit(),
         "packages": _versions(("torch", "numpy", "gymnasium", "tyro", "mujoco", "box2d",
@@ -228,10 +229,29 @@ def write_metadata(run_dir: Path, extra: dict[str, Any] | None = None) -> dict[s
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "machine": machine(),
-        "start_time": datetime.now(timezone.utc).isoformat(),
-        **(extra or {}),
     }
+
+
+def write_metadata(run_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    meta = {**_provenance(), "start_time": datetime.now(timezone.utc).isoformat(),
+            **(extra or {})}
     write_json_atomic(run_dir / "metadata.json", meta)
+    return meta
+
+
+def record_resume(run_dir: Path, iteration: int) -> dict[str, Any]:
+    """Append this process to ``metadata.json``'s ``resumes`` (the iteration it continues
+    from, the time, and the same provenance as the start), so a run that ran part of its
+    iterations on another machine or software says so. Returns the metadata."""
+    path = run_dir / "metadata.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):  # unreadable: keep what is known from now on
+        meta = {"kind": "train", "note": "metadata.json was unreadable at a resume"}
+    meta.setdefault("resumes", []).append(
+        {"iteration": int(iteration), "time": datetime.now(timezone.utc).isoformat(),
+         **_provenance()})
+    write_json_atomic(path, meta)
     return meta
 
 

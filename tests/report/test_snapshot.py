@@ -48,6 +48,23 @@ def test_snapshot_names_the_machine_and_the_command(tmp_path):
     assert rep.machines == [MACHINE]
 
 
+def test_a_run_resumed_elsewhere_names_both_machines(tmp_path):
+    other = {**META, "machine": {**META["machine"], "cpu": "Intel Xeon", "cpu_count": 16},
+             "packages": {"torch": "2.11.0"}}
+    for seed, resumes in ((0, [{**other, "iteration": 7}]), (1, [{**META, "iteration": 3}])):
+        d = fake_run(tmp_path / "runs", f"clip{seed}", "Env-v0", "clip", seed, [1.0, 2.0])
+        (d / "metadata.json").write_text(json.dumps({**META, "resumes": resumes}))
+    rep = write_snapshot([tmp_path / "runs"], tmp_path / "snap", "T", "c")
+    xeon = ("Intel Xeon CPU (16 logical cores), no GPU, Linux-6.1-x86_64, Python 3.11.7, "
+            "torch 2.11.0")
+    assert rep.machines == sorted([MACHINE, xeon + ", klppo 0.1.0 (0123456789)"])
+    md = (tmp_path / "snap" / "final_returns.md").read_text()
+    assert f"- {MACHINE}" in md and f"- {xeon}" in md
+    # the run resumed on the same machine gets no note; the other one says where it went on
+    assert rep.notes == [f"{tmp_path / 'runs' / 'clip0'}: resumed at iteration 7 on another "
+                         f"machine or software: {xeon}, klppo 0.1.0 (0123456789)"]
+
+
 def test_finished_only_leaves_out_unfinished_runs(tmp_path, capsys):
     from klppo.cli import main as klppo
 

@@ -104,6 +104,22 @@ def test_kill_and_resume_reproduces_uninterrupted_run(tmp_path):
     assert res.status == "finished"
 
 
+def test_resume_records_its_machine_and_iteration_in_metadata(tmp_path):
+    run = tmp_path / "r"
+    rl.train(small(run, steps=2048, checkpoint_every=1))
+    start = json.loads((run / "metadata.json").read_text())
+    assert "resumes" not in start
+    resume(run)
+    resume(run)
+    meta = json.loads((run / "metadata.json").read_text())
+    assert {k: v for k, v in meta.items() if k != "resumes"} == start
+    n_iter = small(run).num_iterations
+    assert [r["iteration"] for r in meta["resumes"]] == [n_iter, n_iter]
+    for r in meta["resumes"]:
+        assert r["machine"] == start["machine"] and r["packages"] == start["packages"]
+        assert r["time"] >= start["start_time"]
+
+
 def test_nan_environment_stops_with_iteration_and_keeps_checkpoint(tmp_path):
     import tests.rl.envs_for_tests  # noqa: F401
 
