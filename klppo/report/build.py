@@ -17,7 +17,7 @@ from pathlib import Path
 
 from klppo.report import figures as F
 from klppo.report.html import render_html
-from klppo.report.load import Run, load_runs, run_machines
+from klppo.report.load import Run, load_runs, merge_commits, run_machines
 from klppo.report.stats import Summary, summarize
 
 __all__ = ["Report", "make_report", "equivalence", "format_table", "units", "has_policies"]
@@ -219,7 +219,7 @@ def make_report(paths: list[str | Path], out_dir: str | Path, smooth: int = 1,
     (out / "final_returns.md").write_text(table + "\n")
     _write_csv(out / "final_returns.csv", summaries)
     _write_equivalence(out, eqs)
-    machines = sorted({m for r in runs for m in run_machines(r.metadata)})
+    machines = merge_commits([m for r in runs for m in run_machines(r.metadata)])
     html = out / "report.html"
     html.write_text(render_html(summaries, eqs, figures, runs, loaded.skipped, notes,
                                 smooth=smooth, machines=machines))

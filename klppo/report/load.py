@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,6 +196,29 @@ def run_machines(meta: dict[str, Any]) -> list[str]:
     resume, one line each (see :func:`describe_machine`), without repeats."""
     lines = [describe_machine(m) for m in (meta, *resumes(meta))]
     return list(dict.fromkeys(lines))
+
+
+def merge_commits(lines: list[str]) -> list[str]:
+    """Machine lines (:func:`describe_machine`) that differ only in the klppo commit, as one
+    line naming the commits (a sweep run from a checkout that moved on records several),
+    sorted; a line without a commit (a copy without git) is kept apart only when alone."""
+    groups: dict[str, set[str]] = {}
+    for line in lines:
+        m = re.fullmatch(r"(.*, klppo \S+)(?: \((\w+)\))?", line)
+        base, commit = (m.group(1), m.group(2)) if m else (line, None)
+        groups.setdefault(base, set())
+        if commit:
+            groups[base].add(commit)
+    out = []
+    for base, commits in sorted(groups.items()):
+        known = sorted(commits)
+        unknown = any(describe == base for describe in lines)
+        if not known:
+            out.append(base)
+        else:
+            tail = "; some runs without a recorded commit" if unknown else ""
+            out.append(f"{base} ({', '.join(known)}{tail})")
+    return out
 
 
 def describe_machine(meta: dict[str, Any]) -> str:

@@ -110,3 +110,14 @@ def test_make_demo_table_regenerates_the_demo_snapshot():
     target = make.split("\ndemo-table:", 1)[1].split("\n\n", 1)[0]
     assert "klppo demo --out runs/demo" in target
     assert "-m klppo.report.snapshot runs/demo docs/results/cartpole-demo" in target
+
+
+def test_machine_lines_that_differ_only_in_the_commit_are_merged():
+    from klppo.report.load import merge_commits
+
+    lines = ["A, klppo 0.1.0 (bbb)", "A, klppo 0.1.0", "A, klppo 0.1.0 (aaa)",
+             "B, klppo 0.1.0", "B, klppo 0.2.0 (ccc)", "not recorded (no metadata.json)"]
+    assert merge_commits(lines) == [
+        "A, klppo 0.1.0 (aaa, bbb; some runs without a recorded commit)", "B, klppo 0.1.0",
+        "B, klppo 0.2.0 (ccc)", "not recorded (no metadata.json)"]
+    assert merge_commits([MACHINE, MACHINE]) == [MACHINE]
