@@ -11,6 +11,10 @@
 #   bash benchmarks/device/poll.sh 540                           # wait, report, pack to $OUT
 #   bash benchmarks/device/poll.sh 300 stop                      # ... then stop (resumable)
 #
+# A call may run 600 s: the poll ends on its next 60 s tick after T, then the stop and the packing
+# take up to about 90 s, so keep T at 480 or less. LunarLander needs pygame besides box2d (the
+# gymnasium.envs.box2d package imports it): carry both wheels, or run it elsewhere.
+#
 # Bring earlier results: put runs/mujoco-1m/<task>/ in the carried tree; the sweeps resume them.
 # The wheels (the machine's python has torch and numpy): for p in gymnasium==1.4.0
 # Farama-Notifications==0.0.6 mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0 glfw==2.11.0
