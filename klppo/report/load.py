@@ -17,7 +17,7 @@ from klppo.runs.configfile import InputError, parse_yaml
 from klppo.runs.metrics import policies_of, read_metrics
 
 __all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine", "policy_config",
-           "resumes", "run_machines"]
+           "resumes", "run_machines", "merge_commits"]
 
 
 @dataclass
@@ -212,7 +212,7 @@ def merge_commits(lines: list[str]) -> list[str]:
     out = []
     for base, commits in sorted(groups.items()):
         known = sorted(commits)
-        unknown = any(describe == base for describe in lines)
+        unknown = base in lines  # a run of this machine without a recorded commit
         if not known:
             out.append(base)
         else:
