@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 
-# numpy's BLAS on one thread unless the user sets it: the fast path's small matrix products are
-# fastest on one, and more threads spin against other processes on a busy machine (5x slower
-# measured on 2 cores beside one other run). torch's threads are the config's torch_threads.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# Thread counts are not set here: every run sets its BLAS and torch pools inside the process
+# (klppo.runs.threads), so the CLI and the Python API compute the same numbers.
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:

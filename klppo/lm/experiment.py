@@ -112,7 +112,6 @@ class Experiment:
 
     def __init__(self, cfg: RLHFConfig, reward: RewardFn | None = None) -> None:
         self.cfg = validate_rlhf(cfg)
-        torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
         lm, self.tok = load_lm(cfg.model)
         _check_lengths(cfg, lm)

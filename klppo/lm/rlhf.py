@@ -12,6 +12,7 @@ aside). A failure leaves status.json ``failed`` with the reason and the last goo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import traceback
@@ -29,6 +30,7 @@ from klppo.runs import rundir as R
 from klppo.runs.configfile import read_config_file
 from klppo.runs.paths import check_writable
 from klppo.runs.signals import StopRequest
+from klppo.runs.threads import compute_threads
 
 __all__ = ["RLHFResult", "RLHFError", "ResumeError", "rlhf", "resume_rlhf", "read_run_config",
            "read_checkpoint", "TIMING_KEYS", "CHECKPOINT", "score_sequences", "per_token_kl",
@@ -76,17 +78,18 @@ def rlhf(cfg: RLHFConfig, reward: RewardFn | None = None,
     except OSError as e:
         raise ConfigError(str(e)) from None
     _refuse_existing_run(out)
-    exp = Experiment(cfg, reward)  # loads and checks the model, reward, corpus
-    out.mkdir(parents=True, exist_ok=True)
-    lock = R.DirLock(out).acquire()
-    try:
-        _refuse_existing_run(out)  # another process may have started one meanwhile
-        R.write_yaml(out / "config.yaml", {"kind": "rlhf", **dataclasses.asdict(cfg)})
-        R.write_metadata(out, {"kind": "rlhf"})
-    except BaseException:
-        lock.release()
-        raise
-    return _run(exp, out, lock, on_iteration)
+    with compute_threads(cfg.torch_threads) as threads:
+        exp = Experiment(cfg, reward)  # loads and checks the model, reward, corpus
+        out.mkdir(parents=True, exist_ok=True)
+        lock = R.DirLock(out).acquire()
+        try:
+            _refuse_existing_run(out)  # another process may have started one meanwhile
+            R.write_yaml(out / "config.yaml", {"kind": "rlhf", **dataclasses.asdict(cfg)})
+            R.write_metadata(out, {"kind": "rlhf", "threads": threads})
+        except BaseException:
+            lock.release()
+            raise
+        return _run(exp, out, lock, on_iteration)
 
 
 def _refuse_existing_run(out: Path) -> None:
@@ -204,18 +207,17 @@ def _check_run_dir(run_dir: Path) -> None:
 def read_checkpoint(path: Path) -> dict[str, Any] | None:
     """The state in an rlhf ``checkpoint.pt``; None when there is none; :class:`ResumeError`
     (one line naming the file) when it is empty, truncated, corrupt or of another kind."""
-    import torch
+    from klppo.runs.checkpoint import CheckpointError, load_data
 
     if not path.exists():
         return None
     name, fix = f"checkpoint={str(path)!r}", "delete it to restart the run from scratch"
     if path.stat().st_size == 0:
         raise ResumeError(f"{name}: empty file; {fix}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - torch.load raises many kinds on a bad file
-        raise ResumeError(f"{name}: unreadable ({type(e).__name__}: {_one_line(e)[:200]}); "
-                          f"{fix}") from None
+    try:  # data only: a pickled object that would run code is refused (never executed)
+        state = load_data(path, fix)
+    except CheckpointError as e:
+        raise ResumeError(f"{name}: {str(e).removeprefix(f'{path}: ')}") from None
     missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else STATE_KEYS
     if missing:
         raise ResumeError(f"{name}: not an rlhf checkpoint (no {', '.join(missing)}); {fix}")
@@ -246,18 +248,21 @@ def resume_rlhf(run_dir: str | Path, reward: RewardFn | None = None,
     run_dir = Path(run_dir)
     _rlhf_config_dict(run_dir)  # not an rlhf run directory: refuse before touching it
     lock = R.DirLock(run_dir).acquire()
-    try:
-        exp = _restore(run_dir, reward)
-    except BaseException as e:
-        if isinstance(e, Exception):
-            R.write_status(run_dir, "failed", error=_one_line(e), iteration=0)
-        lock.release()
-        raise
-    if exp is None:  # the checkpoint is of the last iteration: nothing to run
-        lock.release()
-        return RLHFResult(run_dir, M.read_metrics(run_dir / "metrics.jsonl")[0], "finished")
-    M.truncate_metrics(run_dir / "metrics.jsonl", exp.iteration)
-    return _run(exp, run_dir, lock, on_iteration)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(compute_threads(read_run_config(run_dir).torch_threads))
+            exp = _restore(run_dir, reward)
+        except BaseException as e:
+            if isinstance(e, Exception):
+                R.write_status(run_dir, "failed", error=_one_line(e), iteration=0)
+            lock.release()
+            raise
+        if exp is None:  # the checkpoint is of the last iteration: nothing to run
+            lock.release()
+            return RLHFResult(run_dir, M.read_metrics(run_dir / "metrics.jsonl")[0],
+                              "finished")
+        M.truncate_metrics(run_dir / "metrics.jsonl", exp.iteration)
+        return _run(exp, run_dir, lock, on_iteration)
 
 
 def _restore(run_dir: Path, reward: RewardFn | None) -> Experiment | None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import pickle
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from klppo.rl.vecenv import RestoreReport, SameStepVecEnv
+from klppo.rl.vecenv import RestoreReport, SameStepVecEnv, generator_from_state
 
 __all__ = ["EnvError", "check_env", "make_vector_env", "env_state", "restore_env_state",
            "RunningMeanStd", "ObsNormalizer", "RewardScaler"]
@@ -88,14 +87,26 @@ class CartPoleSameStep(gym.vector.VectorWrapper):
         return obs, rew, term, trunc, info
 
     def state_dict(self) -> dict[str, Any]:
-        """The numpy vector env pickles whole: physics, step counters and its generator."""
-        return {"kind": "pickle", "data": pickle.dumps(self.env)}
+        """The numpy vector env's whole dynamic state, as arrays: physics, step counters, the
+        autoreset flags and its generator."""
+        base = self.env.unwrapped
+        return {"kind": "cartpole", "state": base.state.copy(), "steps": base.steps.copy(),
+                "prev_done": base.prev_done.copy(),
+                "rng": base.np_random.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> RestoreReport:
-        if state.get("kind") != "pickle":
-            return RestoreReport(["CartPole: the checkpoint holds no pickled vector env"])
-        self.env.close()
-        self.env = pickle.loads(state["data"])
+        base = self.env.unwrapped
+        if state.get("kind") != "cartpole":
+            return RestoreReport(["CartPole: the checkpoint holds no CartPole state (one written "
+                                  "before klppo stopped unpickling env state is not read)"])
+        arrays = {k: np.asarray(state[k]) for k in ("state", "steps", "prev_done")}
+        for key, value in arrays.items():
+            if value.shape != getattr(base, key).shape:
+                return RestoreReport([f"CartPole: the checkpoint's {key} has shape "
+                                      f"{value.shape}, the env {getattr(base, key).shape}"])
+        for key, value in arrays.items():
+            getattr(base, key)[...] = value
+        base.np_random = generator_from_state(state["rng"])
         return RestoreReport()
 
 

@@ -12,7 +12,14 @@ from klppo.runs import rundir as R
 
 log = logging.getLogger("klppo.rl.trainer")
 
-__all__ = ["RunLife", "ResumeError", "read_run_config", "check_metrics"]
+__all__ = ["RunLife", "ResumeError", "read_run_config", "check_metrics", "check_resume",
+           "RESUMABLE_CHANGES"]
+
+#: config fields that may differ between a run's checkpoint and its ``config.yaml`` at a resume:
+#: where files go, what is logged, how often to checkpoint, and where it computes (the device and
+#: torch's threads may change the rounding, as another machine would; the resume is recorded).
+RESUMABLE_CHANGES = frozenset({"out", "runs_root", "tensorboard", "track", "checkpoint_every",
+                               "device", "torch_threads"})
 
 
 class RunLife:
@@ -62,15 +69,103 @@ def read_run_config(run_dir: str | Path) -> TrainConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
+def _iterations(path: Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl``, each with a whole iteration count (ResumeError naming
+    the record otherwise)."""
+    records = M.read_metrics(path)[0] if path.exists() else []
+    for n, r in enumerate(records, 1):
+        it = r.get("iteration")
+        if not isinstance(it, int) or isinstance(it, bool) or it < 1:
+            raise ResumeError(f"{path}: record {n} has iteration={_short(it)}, not an iteration "
+                              f"count; the file was edited or damaged (restore it, or delete "
+                              f"the run directory to start again)")
+    return records
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_metrics(run_dir: Path, iteration: int) -> list[dict[str, Any]]:
     """The metrics kept up to the checkpoint's iteration; an error when some are missing."""
     path = run_dir / "metrics.jsonl"
-    records = M.read_metrics(path)[0] if path.exists() else []
-    kept = [r for r in records if isinstance(r.get("iteration"), int)
-            and r["iteration"] <= iteration]
+    kept = [r for r in _iterations(path) if r["iteration"] <= iteration]
     if [r["iteration"] for r in kept] != list(range(1, iteration + 1)):
         have = "is missing" if not path.exists() else f"holds {len(kept)} of them"
         raise ResumeError(f"{path}: the checkpoint is at iteration {iteration} but the file "
                           f"{have}; the run cannot be resumed exactly (restore the file, or "
                           f"delete checkpoint.pt to restart the run)")
     return kept
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any) -> None:
+    """The checkpoint's config (written since klppo stored it there) must equal ``config.yaml``
+    but for :data:`RESUMABLE_CHANGES`."""
+    from klppo.rl.config import to_dict
+
+    path = run_dir / "config.yaml"
+    if not isinstance(saved, dict):
+        raise ResumeError(f"{run_dir / 'checkpoint.pt'}: its config is {_short(saved)}, not a "
+                          f"mapping; the checkpoint is not one klppo wrote")
+    old, new = _flatten(saved), _flatten(to_dict(cfg))
+    for key in sorted(set(old) | set(new)):
+        if key.split(".")[0] in RESUMABLE_CHANGES or old.get(key) == new.get(key):
+            continue
+        raise ResumeError(f"{path}: {key}={_short(new.get(key))} but the run's checkpoint was "
+                          f"made with {key}={_short(old.get(key))}; a resume continues the same "
+                          f"run, so only {', '.join(sorted(RESUMABLE_CHANGES))} may change "
+                          f"(undo the edit, or start a new run)")
+
+
+def _check_metadata(run_dir: Path) -> None:
+    import json
+
+    path = run_dir / "metadata.json"
+    if not path.exists():
+        return
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ResumeError(f"{path}: unreadable ({type(e).__name__}); restore it, or delete it "
+                          f"(the run's provenance is then lost)") from None
+    if not isinstance(meta, dict):
+        raise ResumeError(f"{path}: holds {type(meta).__name__} {_short(meta)}, not a mapping")
+    if not isinstance(meta.get("resumes", []), list):
+        raise ResumeError(f"{path}: resumes={_short(meta['resumes'])}, not a list")
+    if meta.get("kind", "train") != "train":
+        raise ResumeError(f"{path}: kind={_short(meta['kind'])}: not a training run "
+                          f"(klppo train --resume continues runs of klppo train)")
+
+
+def check_resume(run_dir: Path, cfg: TrainConfig,
+                 state: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Check that a run directory's files belong together before a resume touches any of them;
+    return the metrics kept (up to the checkpoint). One-line :class:`ResumeError` otherwise."""
+    _check_metadata(run_dir)
+    if state is None:
+        done = [r["iteration"] for r in _iterations(run_dir / "metrics.jsonl")]
+        if done and max(done) >= cfg.checkpoint_every:
+            raise ResumeError(f"{run_dir / 'checkpoint.pt'}: missing, but metrics.jsonl holds "
+                              f"iteration {max(done)} (a checkpoint is written every "
+                              f"{cfg.checkpoint_every}); restore checkpoint.pt, or delete "
+                              f"metrics.jsonl to restart the run from scratch")
+        return []
+    iteration, step = state["iteration"], state.get("global_step")
+    if "config" in state:
+        _check_config(run_dir, cfg, state["config"])
+    if step != iteration * cfg.batch_size or iteration > cfg.num_iterations:
+        raise ResumeError(f"{run_dir / 'checkpoint.pt'}: iteration {iteration} at global step "
+                          f"{_short(step)} does not fit this run's config (batch "
+                          f"{cfg.batch_size}, {cfg.num_iterations} iterations): a checkpoint "
+                          f"of another run?")
+    return check_metrics(run_dir, iteration)

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from klppo.rl.envs import (
     make_vector_env,
     restore_env_state,
 )
-from klppo.rl.lifecycle import ResumeError, RunLife, check_metrics, read_run_config
+from klppo.rl.lifecycle import ResumeError, RunLife, check_resume, read_run_config
 from klppo.rl.marl.spec import check_multiagent, is_multiagent
 from klppo.rl.marl.trainer import MultiTrainer
 from klppo.rl.monitor import ExplosionMonitor, PerPolicyMonitor
@@ -37,6 +37,7 @@ from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 from klppo.runs.device import resolve_device
 from klppo.runs.signals import StopRequest
+from klppo.runs.threads import compute_threads
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,6 @@ class _Trainer:
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg = validate(cfg)
         self.run_dir = run_dir
-        torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
         self.env = make_vector_env(cfg.env, cfg.rollout.num_envs, cfg.seed,
                                    cfg.rollout.vectorization)
@@ -179,7 +179,7 @@ def _loop(tr: _Trainer, run: RunLife, writer: M.MetricsWriter, monitor: Explosio
                 on_iteration(m)
             last = tr.iteration == cfg.num_iterations
             if last or tr.iteration % cfg.checkpoint_every == 0 or stop.requested:
-                ckpt.save_checkpoint(run.run_dir, tr.state_dict())
+                ckpt.save_checkpoint(run.run_dir, {**tr.state_dict(), "config": to_dict(cfg)})
             if stop.requested and not last:
                 return "interrupted"
     return "finished"
@@ -201,10 +201,12 @@ def _run(tr: _Trainer, run: RunLife, monitor: ExplosionMonitor,
         run.final_status("interrupted", tr.iteration, error="interrupted at once (second signal)")
         raise
     except Exception as e:  # noqa: BLE001 - every failure ends as one named error
-        done, what = _ckpt_iter(run_dir), str(e)
+        done, what = _ckpt_iter(run_dir), " ".join(str(e).split())
         if not what.startswith("iteration"):
             what = f"iteration {tr.iteration + 1}: {type(e).__name__}: {what}"
-        msg = f"{what}; the last good checkpoint (iteration {done}) is kept"
+        kept = (f"the last good checkpoint (iteration {done}) is kept" if done else
+                "no checkpoint was written yet (a resume starts the run again)")
+        msg = f"{what}; {kept}"
         run.final_status("failed", tr.iteration, error=msg, traceback=traceback.format_exc())
         raise TrainingError(msg) from e
     finally:
@@ -220,9 +222,10 @@ def _monitor(tr: _Trainer | MultiTrainer) -> ExplosionMonitor | PerPolicyMonitor
 
 
 def _ckpt_iter(run_dir: Path) -> int:
+    """The iteration of the checkpoint on disk (0: none)."""
     try:
         return int(ckpt.load_checkpoint(run_dir)["iteration"])
-    except (FileNotFoundError, ckpt.CheckpointError):
+    except (FileNotFoundError, ckpt.CheckpointError, OSError):
         return 0
 
 
@@ -262,10 +265,11 @@ def train(config: TrainConfig,
         lock.release()
         raise FileExistsError(f"out={str(run_dir)!r} already holds a run; use --resume")
     R.write_yaml(run_dir / "config.yaml", to_dict(config))
-    R.write_metadata(run_dir, {"kind": "train"})
-    tr = _start(run_dir, config, lock)
-    tr.start()
-    return _run(tr, RunLife(run_dir, lock, []), _monitor(tr), on_iteration)
+    with compute_threads(config.torch_threads) as threads:
+        R.write_metadata(run_dir, {"kind": "train", "threads": threads})
+        tr = _start(run_dir, config, lock)
+        tr.start()
+        return _run(tr, RunLife(run_dir, lock, []), _monitor(tr), on_iteration)
 
 
 def resume(run_dir: str | Path,
@@ -275,37 +279,66 @@ def resume(run_dir: str | Path,
     Metrics written after the checkpoint are discarded and recomputed, so the finished
     metrics.jsonl equals that of an uninterrupted run (timing fields aside). The environments
     are restored exactly (:mod:`klppo.rl.vecenv`); where that is impossible the run goes on
-    with new episodes and says so in the log and in ``status.json`` (``warnings``).
+    with new episodes and says so in the log and in ``status.json`` (``warnings``). The
+    directory's config, checkpoint, metrics and metadata are checked against each other first
+    (:func:`~klppo.rl.lifecycle.check_resume`); a mismatch is refused in one line.
     """
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
     resolve_device(cfg.device)
     lock = R.DirLock(run_dir).acquire()
-    R.remove_stale_temp_files(run_dir)
     try:
+        R.remove_stale_temp_files(run_dir)
         state = ckpt.load_checkpoint(run_dir) if (run_dir / ckpt.CHECKPOINT).exists() else None
-        kept = check_metrics(run_dir, int(state["iteration"]) if state else 0)
+        kept = check_resume(run_dir, cfg, state)
     except (ckpt.CheckpointError, ResumeError) as e:
-        R.write_status(run_dir, "failed", error=str(e), iteration=0)
+        _refuse(run_dir, lock, e)
+    with compute_threads(cfg.torch_threads) as threads:
+        tr = _start(run_dir, cfg, lock)
+        problems = _restore(tr, state, lock)
+        _record_start(run_dir, state, threads)
+        M.rewrite_metrics(run_dir / "metrics.jsonl", kept)
+        run = RunLife(run_dir, lock, [])
+        for p in problems:
+            run.warn(f"resume is not exact: {p}")
+        monitor = _monitor(tr)
+        monitor.seed(kept)
+        if tr.iteration >= cfg.num_iterations:
+            tr.env.close()
+            run.status("finished", tr.iteration)
+            lock.release()
+            return TrainResult(run_dir, kept, "finished")
+        return _run(tr, run, monitor, on_iteration)
+
+
+def _refuse(run_dir: Path, lock: R.DirLock, error: Exception) -> NoReturn:
+    """End a resume that cannot go on: status 'failed' with the reason, the lock released."""
+    try:
+        R.write_status(run_dir, "failed", error=str(error), iteration=0)
+    finally:
         lock.release()
-        raise
-    if not (run_dir / "metadata.json").exists():
-        R.write_metadata(run_dir, {"kind": "train"})
-    elif state is not None:
-        R.record_resume(run_dir, int(state["iteration"]))
-    tr = _start(run_dir, cfg, lock)
-    problems = tr.load_state_dict(state) if state else []
+    raise error
+
+
+def _restore(tr: _Trainer | MultiTrainer, state: dict[str, Any] | None,
+             lock: R.DirLock) -> list[str]:
+    """Load ``state`` into the new trainer (or start it); a checkpoint whose contents do not fit
+    the run (shapes, keys) is refused in one line naming it."""
     if state is None:
         tr.start()
-    M.truncate_metrics(run_dir / "metrics.jsonl", tr.iteration)
-    run = RunLife(run_dir, lock, [])
-    for p in problems:
-        run.warn(f"resume is not exact: {p}")
-    monitor = _monitor(tr)
-    monitor.seed(kept)
-    if tr.iteration >= cfg.num_iterations:
+        return []
+    try:
+        return tr.load_state_dict(state)
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
         tr.env.close()
-        run.status("finished", tr.iteration)
-        lock.release()
-        return TrainResult(run_dir, kept, "finished")
-    return _run(tr, run, monitor, on_iteration)
+        detail = " ".join(str(e).split())[:300] or type(e).__name__
+        _refuse(tr.run_dir, lock, ResumeError(
+            f"{tr.run_dir / ckpt.CHECKPOINT}: does not fit this run's config "
+            f"({type(e).__name__}: {detail}); a checkpoint of another run?"))
+
+
+def _record_start(run_dir: Path, state: dict[str, Any] | None, threads: dict[str, Any]) -> None:
+    if not (run_dir / "metadata.json").exists():
+        R.write_metadata(run_dir, {"kind": "train", "threads": threads})
+    elif state is not None:
+        R.record_resume(run_dir, int(state["iteration"]), threads=threads)

@@ -24,7 +24,22 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-__all__ = ["SameStepVecEnv", "RestoreReport"]
+__all__ = ["SameStepVecEnv", "RestoreReport", "generator_from_state"]
+
+#: the bit generators whose state a checkpoint may hold (a name from a file picks one of these)
+BIT_GENERATORS = {c.__name__: c for c in (np.random.PCG64, np.random.PCG64DXSM,
+                                          np.random.MT19937, np.random.Philox, np.random.SFC64)}
+
+
+def generator_from_state(state: Any) -> np.random.Generator:
+    """A numpy generator in the saved ``bit_generator.state``; ValueError naming the bad part."""
+    name = state.get("bit_generator") if isinstance(state, dict) else None
+    if name not in BIT_GENERATORS:
+        raise ValueError(f"a saved random generator state names bit generator {name!r}; "
+                         f"klppo restores only {sorted(BIT_GENERATORS)}")
+    bit_gen = BIT_GENERATORS[name]()
+    bit_gen.state = state
+    return np.random.Generator(bit_gen)
 
 
 class RestoreReport(list):
@@ -168,9 +183,7 @@ class SameStepVecEnv:
         env = self.envs[i]
         kind, value = start
         if kind == "rng":
-            bit_gen = getattr(np.random, value["bit_generator"])()
-            bit_gen.state = value
-            env.unwrapped.np_random = np.random.Generator(bit_gen)
+            env.unwrapped.np_random = generator_from_state(value)
             value = None
         obs = self._reset_one(i, value)
         for t, a in enumerate(actions):

@@ -1,20 +1,34 @@
-"""Atomic checkpoints of everything a run needs to continue identically."""
+"""Atomic checkpoints of everything a run needs to continue identically.
+
+A checkpoint is data, never code: it is read with ``torch.load(weights_only=True)``, whose
+unpickler builds tensors, numbers, strings, containers and the numpy arrays and scalars allowed
+below, and refuses every other global (a pickled object that would run a command is refused
+before anything runs). A run directory copied from someone else is safe to resume, evaluate or
+load.
+"""
 
 from __future__ import annotations
 
 import io
 import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from klppo.runs.rundir import atomic_write_bytes
 
 CHECKPOINT = "checkpoint.pt"
 
-__all__ = ["CHECKPOINT", "CheckpointError", "save_checkpoint", "load_checkpoint"]
+__all__ = ["CHECKPOINT", "CheckpointError", "save_checkpoint", "load_checkpoint", "load_data"]
+
+_MULTIARRAY = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+#: the only globals a checkpoint may name: numpy arrays, their dtypes and numpy scalars
+SAFE_GLOBALS = [_MULTIARRAY._reconstruct, _MULTIARRAY.scalar, np.ndarray, np.dtype,
+                *(getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType"))]
 
 
 class CheckpointError(RuntimeError):
@@ -40,13 +54,31 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"no checkpoint at {path}: the run never finished an iteration")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: empty file; delete it to restart the run from scratch")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile,
-            ValueError, KeyError, AttributeError, ImportError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"{path}: unreadable checkpoint ({first[:200]}); delete it to "
-                              f"restart the run from scratch") from None
-    if not isinstance(state, dict) or "iteration" not in state:
-        raise CheckpointError(f"{path}: not a klppo training checkpoint")
+    state = load_data(path, "delete it to restart the run from scratch")
+    if not isinstance(state, dict) or not isinstance(state.get("iteration"), int) \
+            or isinstance(state["iteration"], bool) or state["iteration"] < 0:
+        raise CheckpointError(f"{path}: not a klppo training checkpoint (no iteration count)")
     return state
+
+
+def load_data(path: Path, remedy: str) -> Any:
+    """What a torch file holds, read as data only (see the module's docstring); one-line
+    :class:`CheckpointError` naming ``path`` when it is unreadable or names any other global
+    (``remedy`` says what the user can do)."""
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)|got <\w+ '?([\w.]+)", str(e))
+        if found:
+            name = found.group(1) or found.group(2)
+            raise CheckpointError(f"{path}: refused: the file names {name}, and klppo loads "
+                                  f"only tensors, numbers and arrays from a run directory, "
+                                  f"never code") from None
+        raise CheckpointError(f"{path}: unreadable checkpoint (not a torch file of data); "
+                              f"{remedy}") from None
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, KeyError,
+            AttributeError, ImportError, TypeError, IndexError, MemoryError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: unreadable checkpoint ({first[:200]}); "
+                              f"{remedy}") from None

@@ -13,6 +13,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Sink", "JsonlSink", "TensorBoardSink", "WandbSink", "require_wandb",
            "wandb_run_id", "MetricsWriter", "read_metrics", "policies_of", "truncate_metrics",
+           "rewrite_metrics",
            "NAMESPACES", "CLEANRL_NAMES", "dashboard_scalars"]
 
 #: key prefix -> dashboard namespace (CleanRL style) for TensorBoard and W&B.
@@ -200,9 +201,16 @@ def truncate_metrics(path: Path, keep_iterations: int) -> None:
     if not path.exists():
         return
     records, _ = read_metrics(path)
-    kept = [r for r in records if int(r.get("iteration", 0)) <= keep_iterations]
+    rewrite_metrics(path, [r for r in records if isinstance(r.get("iteration"), int)
+                           and r["iteration"] <= keep_iterations])
+
+
+def rewrite_metrics(path: Path, records: list[dict[str, Any]]) -> None:
+    """Replace ``path`` by ``records`` (temp file, then rename; used when resuming)."""
+    if not path.exists() and not records:
+        return
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        for r in kept:
+        for r in records:
             f.write(json.dumps(r) + "\n")
     tmp.replace(path)

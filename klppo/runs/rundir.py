@@ -239,7 +239,7 @@ def write_metadata(run_dir: Path, extra: dict[str, Any] | None = None) -> dict[s
     return meta
 
 
-def record_resume(run_dir: Path, iteration: int) -> dict[str, Any]:
+def record_resume(run_dir: Path, iteration: int, **extra: Any) -> dict[str, Any]:
     """Append this process to ``metadata.json``'s ``resumes`` (the iteration it continues
     from, the time, and the same provenance as the start), so a run that ran part of its
     iterations on another machine or software says so. Returns the metadata."""
@@ -250,7 +250,7 @@ def record_resume(run_dir: Path, iteration: int) -> dict[str, Any]:
         meta = {"kind": "train", "note": "metadata.json was unreadable at a resume"}
     meta.setdefault("resumes", []).append(
         {"iteration": int(iteration), "time": datetime.now(timezone.utc).isoformat(),
-         **_provenance()})
+         **_provenance(), **extra})
     write_json_atomic(path, meta)
     return meta
 

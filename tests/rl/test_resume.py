@@ -84,7 +84,7 @@ def test_an_env_that_cannot_be_replayed_is_reported_loudly(tmp_path, caplog):
     import torch
 
     state = torch.load(ck, weights_only=False)
-    state["iteration"], cfg.total_steps = 1, 1024  # pretend it stopped after iteration 1
+    state["iteration"], state["global_step"] = 1, 512  # pretend it stopped after iteration 1
     torch.save(state, ck)
     lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
     (tmp_path / "r" / "metrics.jsonl").write_text(lines[0] + "\n")

@@ -32,7 +32,6 @@ class MultiTrainer:
         self.cfg = validate(cfg)
         self.run_dir = run_dir
         self.spec = spec = check_multiagent(cfg)
-        torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
         self.env = ParallelVecEnv(lambda: make_parallel_env(cfg), cfg.rollout.num_envs,
                                   spec.policies, cfg.seed, name=cfg.env)

@@ -1,0 +1,234 @@
+"""A run directory is data, never code, and a resume checks its files against each other
+before touching any of them (issue #19): a forged checkpoint runs nothing; an edited config, a
+checkpoint of another run, damaged metadata or metrics are refused in one line, exit 2, with
+config.yaml, checkpoint.pt and metrics.jsonl left as they were."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import klppo
+import klppo.rl as rl
+from tests.badinput import run_main
+
+
+def _small(out: Path, **kw) -> rl.TrainConfig:
+    c = rl.preset("klip/cartpole")
+    return dataclasses.replace(c, out=str(out), total_steps=2048, tensorboard=False,
+                               checkpoint_every=1, **kw)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Finished runs to copy: the base, one with another seed, one with other layer sizes."""
+    root = tmp_path_factory.mktemp("runs")
+    made = {"base": _small(root / "base"), "seed1": _small(root / "seed1", seed=1),
+            "hidden32": _small(root / "hidden32")}
+    made["hidden32"].net = dataclasses.replace(made["hidden32"].net, hidden=(32, 32))
+    for cfg in made.values():
+        rl.train(cfg)
+    return {k: Path(c.out) for k, c in made.items()}
+
+
+class Evil:
+    """Unpickling this would create ``path`` (what a forged checkpoint could do with a shell)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _forge(run: Path, marker: Path) -> None:
+    state = torch.load(run / "checkpoint.pt", weights_only=False)  # the test trusts its own run
+    state["extra"] = Evil(marker)
+    torch.save(state, run / "checkpoint.pt")
+
+
+def test_the_forgery_would_run_code_if_unpickled(runs, tmp_path):
+    """The test's forgery is real: an ordinary unpickle creates the marker."""
+    run, marker = tmp_path / "r", tmp_path / "ran"
+    shutil.copytree(runs["base"], run)
+    _forge(run, marker)
+    torch.load(run / "checkpoint.pt", weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("reader", ["resume", "eval", "load", "rlhf_reader"])
+def test_a_forged_checkpoint_runs_nothing(reader, runs, tmp_path, capsys):
+    run, marker = tmp_path / "r", tmp_path / "ran"
+    shutil.copytree(runs["base"], run)
+    _forge(run, marker)
+    if reader == "resume":
+        assert run_main(["train", "--resume", str(run)]) == 2
+    elif reader == "eval":
+        assert run_main(["eval", str(run), "--episodes", "1"]) == 2
+    elif reader == "load":
+        from klppo.runs.checkpoint import CheckpointError
+
+        with pytest.raises(CheckpointError, match="refused"):
+            klppo.load(run)
+    else:
+        from klppo.lm.rlhf import ResumeError, read_checkpoint
+
+        with pytest.raises(ResumeError, match="refused"):
+            read_checkpoint(run / "checkpoint.pt")
+    err = capsys.readouterr().err
+    assert not marker.exists()
+    if reader in ("resume", "eval"):
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "refused" in lines[0] and "checkpoint.pt" in lines[0], err
+
+
+def _edit_config(run: Path, **changes) -> None:
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    for key, value in changes.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def _checkpoint_of(other: str):
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        shutil.copy(runs[other] / "checkpoint.pt", run / "checkpoint.pt")
+    return damage
+
+
+def _old_style_checkpoint_of(other: str):
+    """A checkpoint of another run written before checkpoints held their config."""
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        state = torch.load(runs[other] / "checkpoint.pt", weights_only=False)
+        del state["config"]
+        torch.save(state, run / "checkpoint.pt")
+    return damage
+
+
+def _edit_state(**changes):
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        state = torch.load(run / "checkpoint.pt", weights_only=False)
+        for key, value in changes.items():
+            if value is KeyError:
+                del state[key]
+            else:
+                state[key] = value
+        torch.save(state, run / "checkpoint.pt")
+    return damage
+
+
+def _write(name: str, text: str):
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        (run / name).write_text(text)
+    return damage
+
+
+def _metrics_line(n: int, iteration):
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        rec = json.loads(lines[n])
+        rec["iteration"] = iteration
+        lines[n] = json.dumps(rec)
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return damage
+
+
+def _config(**changes):
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        _edit_config(run, **changes)
+    return damage
+
+
+def _delete(name: str):
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        (run / name).unlink()
+    return damage
+
+
+#: case -> (damage, text the one line must hold)
+REFUSED = {
+    "hidden_edited": (_config(**{"net.hidden": [32, 32]}), "net.hidden=[32, 32]"),
+    "env_edited": (_config(env="Acrobot-v1"), "env='Acrobot-v1'"),
+    "objective_edited": (_config(objective="kl_penalty"), "objective='kl_penalty'"),
+    "total_steps_edited": (_config(total_steps=4096), "total_steps=4096"),
+    "seed_edited": (_config(seed=7), "seed=7"),
+    "lr_edited": (_config(**{"ppo.lr": 0.1}), "ppo.lr=0.1"),
+    "checkpoint_of_another_seed": (_checkpoint_of("seed1"), "seed=0"),
+    "checkpoint_of_other_layers": (_checkpoint_of("hidden32"), "net.hidden"),
+    "old_checkpoint_of_other_layers": (_old_style_checkpoint_of("hidden32"), "size mismatch"),
+    "checkpoint_missing_collector": (_edit_state(collector=KeyError), "does not fit"),
+    "checkpoint_missing_agent": (_edit_state(agent=KeyError), "does not fit"),
+    "checkpoint_agent_not_a_dict": (_edit_state(agent=3), "does not fit"),
+    "checkpoint_iteration_string": (_edit_state(iteration="2"), "not a klppo training"),
+    "checkpoint_iteration_negative": (_edit_state(iteration=-1), "not a klppo training"),
+    "checkpoint_step_off": (_edit_state(global_step=5), "global step 5"),
+    "checkpoint_config_not_a_mapping": (_edit_state(config=[1, 2]), "not a mapping"),
+    "checkpoint_rng_unknown_generator": (_edit_state(env={"kind": "cartpole", "state": 0}),
+                                         "does not fit"),
+    "checkpoint_deleted": (_delete("checkpoint.pt"), "checkpoint.pt: missing"),
+    "metadata_a_list": (_write("metadata.json", "[1, 2]"), "metadata.json: holds list"),
+    "metadata_resumes_int": (_write("metadata.json", '{"resumes": 5}'), "resumes=5"),
+    "metadata_not_json": (_write("metadata.json", "{"), "metadata.json: unreadable"),
+    "metadata_of_rlhf": (_write("metadata.json", '{"kind": "rlhf"}'), "kind='rlhf'"),
+    "metrics_iteration_null": (_metrics_line(1, None), "iteration=None"),
+    "metrics_iteration_string": (_metrics_line(1, "abc"), "iteration='abc'"),
+    "metrics_iteration_float": (_metrics_line(1, 1.0), "iteration=1.0"),
+    "metrics_iteration_bool": (_metrics_line(0, True), "iteration=True"),
+    "metrics_iteration_zero": (_metrics_line(0, 0), "iteration=0"),
+}
+
+
+def _snapshot(run: Path) -> dict[str, bytes]:
+    return {n: (run / n).read_bytes() for n in ("config.yaml", "checkpoint.pt", "metrics.jsonl")
+            if (run / n).exists()}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_resume_of_mismatched_files_is_refused_in_one_line(case, runs, tmp_path, capsys):
+    damage, needle = REFUSED[case]
+    run = tmp_path / "r"
+    shutil.copytree(runs["base"], run)
+    damage(run, runs)
+    before = _snapshot(run)
+    capsys.readouterr()
+    assert run_main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("klppo train: "), err
+    assert needle in lines[0] and "Traceback" not in err, lines[0]
+    assert _snapshot(run) == before
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "failed" and status["error"] == lines[0][len("klppo train: "):]
+
+
+@pytest.mark.parametrize("change", [{"checkpoint_every": 3}, {"tensorboard": True},
+                                    {"torch_threads": 2}])
+def test_a_resume_takes_the_changes_a_user_may_make(change, runs, tmp_path):
+    run = tmp_path / "r"
+    shutil.copytree(runs["base"], run)
+    _edit_config(run, total_steps=2048, **change)
+    res = rl.resume(run)
+    assert res.status == "finished" and len(res.metrics) == 4
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts(runs, tmp_path):
+    """No checkpoint yet is not damage when the metrics stop before the first checkpoint."""
+    run = tmp_path / "r"
+    shutil.copytree(runs["base"], run)
+    _edit_config(run, checkpoint_every=8)
+    (run / "checkpoint.pt").unlink()
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    res = rl.resume(run)
+    assert res.status == "finished"
+    full = [json.loads(x) for x in (runs["base"] / "metrics.jsonl").read_text().splitlines()]
+    drop = rl.trainer.TIMING_KEYS
+    assert [{k: v for k, v in r.items() if k not in drop} for r in res.metrics] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in full]
