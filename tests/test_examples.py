@@ -3,6 +3,7 @@
 import dataclasses
 from pathlib import Path
 
+import pytest
 import yaml
 
 from klppo.cli import build_parser, main
@@ -47,16 +48,20 @@ def test_examples_rlhf_yaml_is_a_valid_rlhf_config():
     assert cfg.controller == "proportional" and cfg.target == 6.0
 
 
-def test_examples_mujoco_1m_specs_are_the_demo_comparison_per_task():
+@pytest.mark.parametrize("folder, version, suffix", [("mujoco-1m", "v4", ""),
+                                                     ("mujoco-v5-1m", "v5", "-v5")])
+def test_examples_mujoco_1m_specs_are_the_demo_comparison_per_task(folder, version, suffix):
+    """examples/mujoco-1m is the paper's table (v4); examples/mujoco-v5-1m the committed v5 one."""
     from klppo.experiments.sweep import expand, load_spec
     from klppo.experiments.sweep_spec import DEMO_SPEC
 
-    tasks = {"halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5", "walker2d": "Walker2d-v5",
-             "ant": "Ant-v5", "humanoid": "Humanoid-v5"}
-    assert {p.stem for p in (EXAMPLES / "mujoco-1m").glob("*.yaml")} == set(tasks)
+    tasks = {"halfcheetah": "HalfCheetah", "hopper": "Hopper", "walker2d": "Walker2d",
+             "ant": "Ant", "humanoid": "Humanoid"}
+    assert {p.stem for p in (EXAMPLES / folder).glob("*.yaml")} == set(tasks)
     for stem, env in tasks.items():
-        spec = load_spec(EXAMPLES / "mujoco-1m" / f"{stem}.yaml")
-        assert spec.preset == f"klip/{stem}" and spec.conditions == DEMO_SPEC.conditions
+        spec = load_spec(EXAMPLES / folder / f"{stem}.yaml")
+        assert spec.preset == f"klip/{stem}{suffix}" and spec.conditions == DEMO_SPEC.conditions
         plans = expand(spec)
         assert len(plans) == 20 and {p.seed for p in plans} == set(range(5))
-        assert {(p.config.env, p.config.total_steps) for p in plans} == {(env, 1_000_000)}
+        assert {(p.config.env, p.config.total_steps) for p in plans} == \
+            {(f"{env}-{version}", 1_000_000)}

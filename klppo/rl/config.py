@@ -346,16 +346,21 @@ def _marl_adversary(continuous: bool) -> TrainConfig:
     )
 
 
+#: The KLip-PPO MuJoCo tasks. ``klip/<task>`` runs the paper's v4 environment; ``klip/<task>-v5``
+#: the same settings on v5 (other observations: Ant-v5 105 dimensions against v4's 27 with its
+#: contact forces, Humanoid-v5 348 against 376; see docs/algorithms.md).
+MUJOCO_TASKS = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid")
+
 #: Preset name -> config factory (the KLip-PPO reference settings). ``--kl.controller step``
 #: with a klip preset uses the klip step rule (target 0.02, beta0 1, beta in [1e-4, 1e4]).
 PRESETS: dict[str, Any] = {
     "klip/cartpole": lambda: _klip("CartPole-v1", 4, 128, 100_000, 0.99, 0.95, 0.0, False),
     "klip/lunarlander": lambda: _klip("LunarLander-v3", 16, 1024, 1_000_000, 0.999, 0.98, 0.01,
                                       False),
-    **{
-        f"klip/{name.lower()}": (lambda n=name: _klip(f"{n}-v5", 1, 2048, 1_000_000, 0.99, 0.95,
-                                                      0.0, True))
-        for name in ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid")
+    **{  # the paper's MuJoCo tasks are v4; the same settings on v5 are klip/<task>-v5
+        f"klip/{name.lower()}{suffix}": (
+            lambda n=name, v=version: _klip(f"{n}-{v}", 1, 2048, 1_000_000, 0.99, 0.95, 0.0, True))
+        for name in MUJOCO_TASKS for suffix, version in (("", "v4"), ("-v5", "v5"))
     },
     "marl/simple_adversary": lambda: _marl_adversary(continuous=False),
     "marl/simple_adversary_continuous": lambda: _marl_adversary(continuous=True),

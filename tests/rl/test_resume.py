@@ -23,6 +23,7 @@ CASES = {
     "cartpole": ("klip/cartpole", ["--total-steps", "3072"]),
     "lunarlander": ("klip/lunarlander", ["--total-steps", "8192", "--rollout.num-steps", "128"]),
     "hopper": ("klip/hopper", ["--total-steps", "2560", "--rollout.num-steps", "512"]),
+    "ant_v5": ("klip/ant-v5", ["--total-steps", "1280", "--rollout.num-steps", "256"]),
     "pendulum_normalised": ("klip/cartpole", [
         "--env", "Pendulum-v1", "--total-steps", "2048", "--rollout.num-envs", "2",
         "--rollout.num-steps", "256", "--rollout.norm-obs", "--rollout.norm-reward"]),
@@ -57,7 +58,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, case):
     """Classic control, Box2D, MuJoCo and a normalised Box env: the env's physics and RNG are
     restored by replay, so the resumed metrics equal the uninterrupted run's, and two resumes
     of one checkpoint agree."""
-    pytest.importorskip({"lunarlander": "Box2D", "hopper": "mujoco", "marl": "mpe2",
+    pytest.importorskip({"lunarlander": "Box2D", "hopper": "mujoco", "ant_v5": "mujoco",
+                         "marl": "mpe2",
                          "marl_continuous": "mpe2"}.get(case, "gymnasium"))
     assert main(cli_args(case, tmp_path / "full")) == 0
     full = metrics(tmp_path / "full")
