@@ -15,7 +15,8 @@ USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [FLAGS...]
 Where the defaults come from (the config flags below override them):
   --preset NAME       start from a preset: klip/cartpole, klip/lunarlander, klip/halfcheetah,
                       klip/hopper, klip/walker2d, klip/ant, klip/humanoid (MuJoCo v4, the
-                      paper's; add -v5 for v5, e.g. klip/ant-v5),
+                      paper's); klip/halfcheetah-v5, klip/hopper-v5, klip/walker2d-v5,
+                      klip/ant-v5, klip/humanoid-v5 (the same settings on MuJoCo v5);
                       marl/simple_adversary, marl/simple_adversary_continuous (multi-agent)
   --config FILE.yaml  a YAML mapping of config fields, over the preset (e.g. examples/my.yaml)
   --resume RUN_DIR    continue a run from its last checkpoint (its config.yaml; no other flags)"""
