@@ -7,10 +7,11 @@ its last checkpoint and reproduces the metrics of an uninterrupted run exactly.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -155,13 +156,24 @@ def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
     return sinks
 
 
+@contextlib.contextmanager
+def _in_iteration(it: int) -> Iterator[None]:
+    """Name the iteration whose metrics or checkpoint could not be written (after
+    ``iterate`` has counted it, so the failure's own number is not ``iteration + 1``)."""
+    try:
+        yield
+    except OSError as e:
+        raise OSError(e.errno, f"iteration {it}: OSError: {e}") from e
+
+
 def _iterate_and_log(tr: _Trainer, run: RunLife, writer: M.MetricsWriter, monitor: ExplosionMonitor,
                      clock: tuple[float, int]) -> dict[str, Any]:
     m = tr.iterate()
     elapsed = time.perf_counter() - clock[0]
     m["time_elapsed"] = elapsed
     m["sps"] = (tr.global_step - clock[1]) / max(elapsed, 1e-9)
-    writer.write(m)
+    with _in_iteration(tr.iteration):
+        writer.write(m)
     for w in monitor.check(m):
         run.warn(w)
     log.info("iteration %d/%d step %d %s", tr.iteration, tr.cfg.num_iterations, tr.global_step,
@@ -179,7 +191,9 @@ def _loop(tr: _Trainer, run: RunLife, writer: M.MetricsWriter, monitor: Explosio
                 on_iteration(m)
             last = tr.iteration == cfg.num_iterations
             if last or tr.iteration % cfg.checkpoint_every == 0 or stop.requested:
-                ckpt.save_checkpoint(run.run_dir, {**tr.state_dict(), "config": to_dict(cfg)})
+                with _in_iteration(tr.iteration):
+                    ckpt.save_checkpoint(run.run_dir, {**tr.state_dict(),
+                                                       "config": to_dict(cfg)})
             if stop.requested and not last:
                 return "interrupted"
     return "finished"
@@ -202,7 +216,9 @@ def _run(tr: _Trainer, run: RunLife, monitor: ExplosionMonitor,
         raise
     except Exception as e:  # noqa: BLE001 - every failure ends as one named error
         done, what = _ckpt_iter(run_dir), " ".join(str(e).split())
-        if not what.startswith("iteration"):
+        if isinstance(e, OSError) and e.strerror and e.strerror.startswith("iteration"):
+            what = e.strerror
+        elif not what.startswith("iteration"):
             what = f"iteration {tr.iteration + 1}: {type(e).__name__}: {what}"
         kept = (f"the last good checkpoint (iteration {done}) is kept" if done else
                 "no checkpoint was written yet (a resume starts the run again)")
@@ -255,21 +271,48 @@ def train(config: TrainConfig,
     resolve_device(config.device)
     if config.track == "wandb":
         M.require_wandb()
-    if config.out:
-        run_dir = R.create_run_dir(config.out)
-    else:
-        name = R.default_run_name(config.env, config.objective, config.seed)
-        run_dir = R.create_run_dir(Path(config.runs_root) / name, unique=True)
-    lock = R.DirLock(run_dir).acquire()
+    run_dir, lock = _new_run_dir(config)
     if (run_dir / "metrics.jsonl").exists():  # another process finished a run there meanwhile
         lock.release()
         raise FileExistsError(f"out={str(run_dir)!r} already holds a run; use --resume")
-    R.write_yaml(run_dir / "config.yaml", to_dict(config))
     with compute_threads(config.torch_threads) as threads:
-        R.write_metadata(run_dir, {"kind": "train", "threads": threads})
+        _write_start_files(run_dir, config, threads, lock)
         tr = _start(run_dir, config, lock)
         tr.start()
         return _run(tr, RunLife(run_dir, lock, []), _monitor(tr), on_iteration)
+
+
+def _new_run_dir(cfg: TrainConfig) -> tuple[Path, R.DirLock]:
+    """Create and lock the run directory; on a full disk, remove what was made (an empty
+    directory) and raise the error naming the path."""
+    if cfg.out:
+        run_dir = R.create_run_dir(cfg.out)
+    else:
+        name = R.default_run_name(cfg.env, cfg.objective, cfg.seed)
+        run_dir = R.create_run_dir(Path(cfg.runs_root) / name, unique=True)
+    try:
+        return run_dir, R.DirLock(run_dir).acquire()
+    except OSError:
+        (run_dir / ".lock").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()  # only if it is empty: nothing of anyone else's is removed
+        raise
+
+
+def _write_start_files(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
+                       lock: R.DirLock) -> None:
+    """config.yaml and metadata.json of a new run; if they cannot be written (a full disk), the
+    new directory is removed again and the error names the file."""
+    try:
+        R.write_yaml(run_dir / "config.yaml", to_dict(cfg))
+        R.write_metadata(run_dir, {"kind": "train", "threads": threads})
+    except OSError:
+        lock.release()
+        for name in ("config.yaml", "metadata.json", ".lock"):
+            (run_dir / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()  # only if it is empty: nothing of anyone else's is removed
+        raise
 
 
 def resume(run_dir: str | Path,

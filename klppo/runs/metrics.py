@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -78,19 +79,28 @@ def _json_safe(v: Any) -> Any:
 
 
 class JsonlSink:
-    """One JSON object per line, flushed after every write (a killed run loses nothing)."""
+    """One JSON object per line, written to the file at once (a killed run loses nothing); a
+    write that fails (a full disk) is cut back to the last whole line before it raises."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._f = open(self.path, "a")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
-        line = json.dumps({k: _json_safe(v) for k, v in metrics.items()})
-        self._f.write(line + "\n")
-        self._f.flush()
+        data = (json.dumps({k: _json_safe(v) for k, v in metrics.items()}) + "\n").encode()
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as e:
+            os.ftruncate(self._fd, end)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def close(self) -> None:
-        self._f.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class TensorBoardSink:

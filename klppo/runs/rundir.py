@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -73,8 +74,12 @@ class DirLock:
                                f"wait for it to finish or stop it first") from None
         info = (f"pid {os.getpid()} on {socket.gethostname()} ({' '.join(sys.argv)[:300]}), "
                 f"since {datetime.now().isoformat(timespec='seconds')}")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info.encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, info.encode(), 0)
+        except OSError as e:  # a full disk: no lock without its holder's name
+            os.close(fd)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         self._fd = fd
         return self
 
@@ -112,11 +117,16 @@ def create_run_dir(path: str | Path, unique: bool = False) -> Path:
                 return candidate
             except FileExistsError:
                 continue
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, str(candidate)) from None
         raise FileExistsError(f"out={str(p)!r}: no free run name")
     if (p / "metrics.jsonl").exists():
         raise FileExistsError(f"out={str(p)!r} already holds a run; use --resume {p} to continue "
                               f"it or choose another --out")
-    p.mkdir(parents=True, exist_ok=True)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(p)) from None
     return p
 
 
@@ -130,6 +140,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # name the file the user knows, not the temp file
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -255,8 +268,36 @@ def record_resume(run_dir: Path, iteration: int, **extra: Any) -> dict[str, Any]
     return meta
 
 
+#: status.json is padded to this size, so that a final status fits in place on a full disk
+STATUS_RESERVE = 2048
+
+
 def write_status(run_dir: Path, state: str, **fields: Any) -> None:
-    write_json_atomic(run_dir / "status.json", {"state": state, "time": time.time(), **fields})
+    """Write ``status.json`` atomically. On a full disk (no room for the temp file), write the
+    state, iteration and error in place over the previous file, within the room it reserved."""
+    path = run_dir / "status.json"
+    record = {"state": state, "time": time.time(), **fields}
+    text = json.dumps(record, indent=2, default=str)
+    try:
+        atomic_write_bytes(path, text.ljust(STATUS_RESERVE).encode())
+    except OSError as e:
+        if e.errno != errno.ENOSPC or not path.exists():
+            raise
+        _overwrite_in_place(path, record)
+
+
+def _overwrite_in_place(path: Path, record: dict[str, Any]) -> None:
+    room = path.stat().st_size
+    short = {k: record[k] for k in ("state", "time", "iteration", "error") if k in record}
+    short["note"] = "written in place on a full disk (the traceback is not kept)"
+    data = json.dumps(short, default=str)
+    if len(data) > room:
+        short["error"] = str(short.get("error", ""))[: max(0, room - len(data) - 10)]
+        data = json.dumps(short, default=str)
+    with open(path, "r+b") as f:
+        f.write(data.ljust(room)[:room].encode())
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:
