@@ -196,7 +196,7 @@ def test_config_validation_and_overlay():
     with pytest.raises(ConfigError, match="preset='klip/pong'"):
         rl.preset("klip/pong")
     c = from_dict({"ppo": {"lr": 1e-3}, "net": {"hidden": [32]}}, rl.preset("klip/hopper"))
-    assert c.ppo.lr == 1e-3 and c.net.hidden == (32,) and c.env == "Hopper-v5"
+    assert c.ppo.lr == 1e-3 and c.net.hidden == (32,) and c.env == "Hopper-v4"
     assert c.rollout.norm_obs and c.rollout.num_steps == 2048
 
 
