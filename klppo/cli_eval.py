@@ -18,6 +18,8 @@ def add_parser(sub) -> None:
                    help="seed of episode 0 (episode k uses seed + k)")
     p.add_argument("--video", metavar="DIR", help="record every episode as mp4 into DIR "
                                                    "(needs pip install 'klppo[video]')")
+    p.add_argument("--out", metavar="FILE", help="write the result here instead of "
+                                                 "RUN_DIR/eval.json (a read-only run directory)")
     p.add_argument("--random", nargs="+", metavar="POLICY", default=[],
                    help="multi-agent runs: these policies act uniformly at random (e.g. a "
                         "trained adversary against random good agents)")
@@ -32,7 +34,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)  # one small network per step: more threads only contend
-    from klppo.rl.evaluate import RenderingUnavailable, evaluate
+    from klppo.rl.evaluate import RenderingUnavailable, eval_path, evaluate
     from klppo.rl.lifecycle import ResumeError
     from klppo.runs.checkpoint import CheckpointError
     from klppo.runs.configfile import InputError
@@ -42,7 +44,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             return _eval_policies(args)
         if args.random:
             raise ValueError(f"--random {' '.join(args.random)}: only for multi-agent runs")
-        res = evaluate(args.run_dir, args.episodes, not args.stochastic, args.seed, args.video)
+        res = evaluate(args.run_dir, args.episodes, not args.stochastic, args.seed, args.video,
+                       args.out)
     except (ResumeError, CheckpointError, InputError, RenderingUnavailable, ValueError,
             FileNotFoundError) as e:
         msg = str(e).replace("resume=", "run_dir=")
@@ -55,7 +58,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print("returns: " + " ".join(f"{r:.1f}" for r in res.returns))
     for v in res.videos:
         print(f"video: {v}")
-    print(f"written: {args.run_dir}/eval.json")
+    print(f"written: {eval_path(args.run_dir, args.out)}")
     return 0
 
 
@@ -69,13 +72,14 @@ def _multiagent(run_dir: str) -> bool:
 def _eval_policies(args: argparse.Namespace) -> int:
     """A multi-agent run: each policy trained or random; a table and eval.json."""
     from dataclasses import asdict
-    from pathlib import Path
 
+    from klppo.rl.evaluate import eval_path
     from klppo.rl.marl.evaluate import evaluate_policies
     from klppo.runs.rundir import write_json_atomic
 
     if args.video:
         raise ValueError("--video: not available for multi-agent runs")
+    path = eval_path(args.run_dir, args.out)
     res = evaluate_policies(args.run_dir, args.episodes, args.seed, args.random,
                             deterministic=not args.stochastic)
     mode = "deterministic" if not args.stochastic else "sampled"
@@ -86,6 +90,6 @@ def _eval_policies(args: argparse.Namespace) -> int:
         print(f"  {p:<16} {r.actor:<8} {r.mean:9.2f} +- {r.std:.2f}")
     out = {"episodes": args.episodes, "deterministic": not args.stochastic, "seed": args.seed,
            "policies": {p: {**asdict(r), "mean": r.mean, "std": r.std} for p, r in res.items()}}
-    write_json_atomic(Path(args.run_dir) / "eval.json", out)
-    print(f"written: {args.run_dir}/eval.json")
+    write_json_atomic(path, out)
+    print(f"written: {path}")
     return 0

@@ -23,46 +23,71 @@ def add_parser(sub) -> None:
                         "of each rule)")
     p.add_argument("--closed-loop", action="store_true",
                    help="simulate the KL response to beta instead of replaying a trace")
-    p.add_argument("--steps", type=int, default=200, help="closed-loop updates")
-    p.add_argument("--seed", type=int, default=0, help="closed-loop noise seed")
-    p.add_argument("--drift", type=float, default=1.0, help="plant: log-drift over the run")
-    p.add_argument("--noise", type=float, default=0.3, help="plant: lognormal noise sigma")
+    for flag, kind, default, what in _CLOSED_LOOP_FLAGS:
+        p.add_argument(flag, type=kind, help=f"{what} (default {default}; --closed-loop only)")
     p.add_argument("--out", default="replay",
                    help="directory for replay.csv and replay.png (created; default ./replay)")
     p.set_defaults(func=cmd_replay)
 
 
+#: the simulated plant's flags: (flag, type, default, help)
+_CLOSED_LOOP_FLAGS = [("--steps", int, 200, "closed-loop updates"),
+                      ("--seed", int, 0, "closed-loop noise seed"),
+                      ("--drift", float, 1.0, "plant: log-drift over the run"),
+                      ("--noise", float, 0.3, "plant: lognormal noise sigma")]
+
+#: the most closed-loop updates (each controller's loop runs in Python)
+STEPS_MAX = 100_000
+
+
+def _bad(flag: str, value, why: str) -> ValueError:
+    return ValueError(f"{flag}={value!r}: {why}")
+
+
+def _check_plant_flags(args: argparse.Namespace) -> None:
+    """The closed-loop flags: refused with a trace, else set (defaults) and checked."""
+    from klppo.replay.lab import Plant
+
+    for flag, _, default, _ in _CLOSED_LOOP_FLAGS:
+        name = flag[2:]
+        if getattr(args, name) is not None and not args.closed_loop:
+            raise _bad(flag, getattr(args, name), "only used with --closed-loop (a trace "
+                                                  "is replayed as it was logged)")
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if not 1 <= args.steps <= STEPS_MAX:
+        raise _bad("--steps", args.steps, f"must be an integer >= 1 and <= {STEPS_MAX:,}")
+    if not 0 <= args.seed < 2**32:
+        raise _bad("--seed", args.seed, "must be an integer in [0, 2**32)")
+    if not (math.isfinite(args.drift) and abs(args.drift) <= Plant.DRIFT_MAX):
+        raise _bad("--drift", args.drift, f"must be finite and within +-{Plant.DRIFT_MAX:g} "
+                                          "(the log-change of the KL over the run)")
+    if not (math.isfinite(args.noise) and 0 <= args.noise <= Plant.NOISE_MAX):
+        raise _bad("--noise", args.noise, f"must be finite, >= 0 and <= {Plant.NOISE_MAX:g} "
+                                          "(a lognormal sigma)")
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     """The numeric flags and the trace / --closed-loop choice; ValueError naming the flag."""
-    def bad(flag: str, value, why: str) -> ValueError:
-        return ValueError(f"{flag}={value!r}: {why}")
-
-    if args.steps < 1:
-        raise bad("--steps", args.steps, "must be an integer >= 1")
-    if not 0 <= args.seed < 2**32:
-        raise bad("--seed", args.seed, "must be an integer in [0, 2**32)")
-    if not math.isfinite(args.drift):
-        raise bad("--drift", args.drift, "must be finite")
-    if not (math.isfinite(args.noise) and args.noise >= 0):
-        raise bad("--noise", args.noise, "must be finite and >= 0")
+    _check_plant_flags(args)
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
-        raise bad("--target", args.target, "must be finite and > 0")
+        raise _bad("--target", args.target, "must be finite and > 0")
     if args.column is not None and not args.column.strip():
-        raise bad("--column", args.column, "must name a column")
+        raise _bad("--column", args.column, "must name a column")
     if args.policy is not None and not args.policy.strip():
-        raise bad("--policy", args.policy, "must name a policy")
+        raise _bad("--policy", args.policy, "must name a policy")
     if args.policy is not None and args.closed_loop:
-        raise bad("--policy", args.policy, "not used with --closed-loop (it picks a policy of "
+        raise _bad("--policy", args.policy, "not used with --closed-loop (it picks a policy of "
                                            "a multi-agent run's trace)")
     if args.closed_loop and args.trace:
-        raise bad("trace", args.trace, "not used with --closed-loop (give one or the other)")
+        raise _bad("trace", args.trace, "not used with --closed-loop (give one or the other)")
     if not args.closed_loop and not args.trace:
-        raise bad("trace", None, "give a trace (run directory, metrics.jsonl or CSV), or "
+        raise _bad("trace", None, "give a trace (run directory, metrics.jsonl or CSV), or "
                                  "--closed-loop")
     specs = args.controller or []
     dup = next((x for i, x in enumerate(specs) if x in specs[:i]), None)
     if dup is not None:
-        raise bad("--controller", dup, "given twice")
+        raise _bad("--controller", dup, "given twice")
 
 
 def _inputs(args: argparse.Namespace):
@@ -86,34 +111,37 @@ def _inputs(args: argparse.Namespace):
     return steps, kl, target, dict(parse_controller(s, target) for s in specs)
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
+def _compute(args: argparse.Namespace, kl, target, ctrls):
+    """``(kls, betas, rows, title, xlabel)``: the loops run, nothing written yet."""
     from klppo.replay.lab import Plant, closed_loop, open_loop, trace_x_label, tracking_metrics
+
+    if args.closed_loop:
+        plant = Plant(drift=args.drift, noise=args.noise, seed=args.seed)
+        results = [closed_loop(label, c, plant, args.steps) for label, c in ctrls.items()]
+        title = f"closed loop: simulated plant (drift {args.drift:g}, noise {args.noise:g})"
+        return ({r.label: r.kl for r in results}, {r.label: r.beta for r in results},
+                [(r.label, r.metrics) for r in results], title,
+                "controller update (one per simulated iteration)")
+    betas = open_loop(kl, ctrls)
+    rows = [(label, tracking_metrics(kl, b, target, ctrls[label].beta_min,
+                                     ctrls[label].beta_max)) for label, b in betas.items()]
+    title = f"open loop: {args.trace}" + (
+        f", policy {args.policy}" if args.policy is not None else "")
+    return {"trace": kl}, betas, rows, title, trace_x_label(args.trace)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from klppo.replay.lab import FLOOR
     from klppo.replay.plots import plot_lab
 
     try:
         steps, kl, target, ctrls = _inputs(args)
+        kls, betas, rows, title, xlabel = _compute(args, kl, target, ctrls)
     except (ValueError, OSError) as e:
         say_error("replay", e)
         return BAD_INPUT
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    if args.closed_loop:
-        plant = Plant(drift=args.drift, noise=args.noise, seed=args.seed)
-        results = [closed_loop(label, c, plant, args.steps) for label, c in ctrls.items()]
-        kls = {r.label: r.kl for r in results}
-        betas = {r.label: r.beta for r in results}
-        rows = [(r.label, r.metrics) for r in results]
-        title = f"closed loop: simulated plant (drift {args.drift:g}, noise {args.noise:g})"
-        xlabel = "controller update (one per simulated iteration)"
-    else:
-        betas = open_loop(kl, ctrls)
-        kls = {"trace": kl}
-        rows = [(label, tracking_metrics(kl, b, target, ctrls[label].beta_min,
-                                         ctrls[label].beta_max)) for label, b in betas.items()]
-        title = f"open loop: {args.trace}" + (
-            f", policy {args.policy}" if args.policy is not None else "")
-        xlabel = trace_x_label(args.trace)
     with open(out / "replay.csv", "w", newline="") as f:
         w = csv.writer(f)
         labels = list(betas)
@@ -130,5 +158,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"{label:<42}{vals}{betas[label][-1]:>12.4g}")
     if not args.closed_loop:
         print("(open loop: the trace does not react to these betas; metrics describe the trace)")
+        low = sum(1 for d in kl if d <= FLOOR * target)
+        if low:
+            print(f"note: {low} of {len(kl)} KL values are below {FLOOR:g} x the target (a noisy "
+                  f"estimate can be 0 or negative): the tracking error counts them as "
+                  f"{FLOOR:g} x the target")
     print(f"wrote {out / 'replay.csv'} and {png}")
     return 0

@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -36,7 +36,8 @@ from klppo.runs.configfile import InputFileError, read_text
 from klppo.runs.metrics import policies_of
 
 __all__ = ["Plant", "load_trace", "parse_controller", "default_controllers", "open_loop",
-           "closed_loop", "tracking_metrics", "LoopResult", "trace_x_label"]
+           "closed_loop", "tracking_metrics", "LoopResult", "trace_x_label", "FLOOR",
+           "check_finite"]
 
 
 def load_trace(path: str | Path, column: str | None = None,
@@ -191,8 +192,34 @@ def default_controllers(target: float) -> list[str]:
 
 
 def open_loop(kl: Sequence[float], controllers: dict[str, KLController]) -> dict[str, list[float]]:
-    """The beta after each update of each controller, fed the same KL trace."""
-    return {label: [c.update(d) for d in kl] for label, c in controllers.items()}
+    """The beta after each update of each controller, fed the same KL trace; ValueError
+    naming the controller when one fails or its beta is not finite (:func:`check_finite`)."""
+    out = {}
+    for label, c in controllers.items():
+        betas: list[float] = []
+        for d in kl:
+            betas.append(_update(label, c, d, len(betas)))
+        out[label] = check_finite(label, betas)
+    return out
+
+
+def _update(label: str, c: KLController, d: float, t: int) -> float:
+    """``c.update(d)``; an overflow or refusal inside it is a ValueError naming ``label``."""
+    try:
+        return c.update(d)
+    except (ArithmeticError, ValueError) as e:
+        raise ValueError(f"controller={label!r}: update {t + 1}: {type(e).__name__}: "
+                         f"{e}") from None
+
+
+def check_finite(label: str, values: list[float], what: str = "beta") -> list[float]:
+    """``values``, or ValueError naming the controller, the update and the value when one is
+    not finite (options out of range: a gain of 1e308 overflows)."""
+    t = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+    if t is not None:
+        raise ValueError(f"controller={label!r}: {what}={values[t]!r} at update {t + 1} is "
+                         "not finite (an option out of range?)")
+    return values
 
 
 @dataclass
@@ -210,6 +237,19 @@ class Plant:
     noise: float = 0.3
     """lognormal sigma of the measurement"""
     seed: int = 0
+
+    #: the largest |drift| and noise: e^100 and a sigma of 10 already leave any KL target;
+    #: beyond them the plant's KL overflows a float
+    DRIFT_MAX: ClassVar[float] = 100.0
+    NOISE_MAX: ClassVar[float] = 10.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.drift) and abs(self.drift) <= self.DRIFT_MAX):
+            raise ValueError(f"drift={self.drift!r}: must be finite and within "
+                             f"+-{self.DRIFT_MAX:g} (the log-change of the KL over the run)")
+        if not (math.isfinite(self.noise) and 0 <= self.noise <= self.NOISE_MAX):
+            raise ValueError(f"noise={self.noise!r}: must be finite and in "
+                             f"[0, {self.NOISE_MAX:g}] (a lognormal sigma)")
 
     def kl(self, beta: float, t: int, steps: int, rng: np.random.Generator) -> float:
         scale = self.scale * math.exp(self.drift * t / max(steps, 1))
@@ -233,13 +273,23 @@ def closed_loop(label: str, controller: KLController, plant: Plant, steps: int =
     kl, beta = [], []
     for t in range(steps):
         b = controller.value
-        d = plant.kl(b, t, steps, rng)
+        try:
+            d = plant.kl(b, t, steps, rng)
+        except ArithmeticError as e:
+            raise ValueError(f"controller={label!r}: update {t + 1}: the plant's KL at "
+                             f"beta={b!r}: {type(e).__name__}: {e}") from None
         beta.append(b)
         kl.append(d)
-        controller.update(d)
+        _update(label, controller, d, t)
+    check_finite(label, beta)
+    check_finite(label, kl, "KL")
     m = tracking_metrics(kl, beta, controller.target, controller.beta_min, controller.beta_max,
                          band)
     return LoopResult(label, kl, beta, m)
+
+
+#: the smallest KL / target the tracking error counts (a KL at or below 0 is 1000x too low)
+FLOOR = 1e-3
 
 
 def tracking_metrics(kl: Sequence[float], beta: Sequence[float], target: float | None,
@@ -248,7 +298,8 @@ def tracking_metrics(kl: Sequence[float], beta: Sequence[float], target: float |
     """How well a KL trace tracks its target.
 
     * ``tracking_error``: mean ``|log(KL / target)|`` over the second half (0 is perfect;
-      0.69 means off by a factor of 2 on average);
+      0.69 means off by a factor of 2 on average); a KL below ``FLOOR * target`` (a noisy
+      estimate can be 0 or negative) counts as ``FLOOR * target``, 1000 times too low;
     * ``overshoot``: the largest ``KL / target - 1`` after the KL first comes within the band;
     * ``settling_time``: the first step from which the moving median (``window`` steps) of
       ``KL / target`` stays within ``1 +- band`` to the end (None if it never does);
@@ -262,9 +313,10 @@ def tracking_metrics(kl: Sequence[float], beta: Sequence[float], target: float |
     out["time_at_bounds"] = float(at_bounds.mean()) if len(b) else None
     if target is None or len(k) == 0:
         return {"tracking_error": None, "overshoot": None, "settling_time": None, **out}
-    rel = k / target
-    half = rel[len(rel) // 2:]
-    out["tracking_error"] = float(np.mean(np.abs(np.log(half))))
+    with np.errstate(over="ignore"):  # a KL logged as 1e308 (+inf) is off by a factor inf
+        rel = k / target
+        half = np.maximum(rel[len(rel) // 2:], FLOOR)
+        out["tracking_error"] = float(np.mean(np.abs(np.log(half))))
     inside = np.flatnonzero(np.abs(rel - 1) <= band)
     out["overshoot"] = float(max(0.0, (rel[inside[0]:] - 1).max())) if len(inside) else None
     med = np.array([np.median(rel[max(0, i - window + 1):i + 1]) for i in range(len(rel))])

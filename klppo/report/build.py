@@ -11,9 +11,12 @@ from __future__ import annotations
 import csv
 import math
 import re
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from klppo.report import figures as F
 from klppo.report.html import render_html
@@ -145,8 +148,12 @@ def _env_figures(env: str, rs: list[Run], fig_dir: Path,
     groups: dict[str | None, list[Run]] = defaultdict(list)
     for r in rs:
         groups[r.policy].append(r)
-    return [f for policy, prs in groups.items()
-            for f in _group_figures(env, prs, fig_dir, smooth, policy)]
+    # values near the float limit (a run logs +-inf as +-1e308) overflow in matplotlib's
+    # ticks and bands: the figure is still drawn, and no numeric warning reaches the user
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return [f for policy, prs in groups.items()
+                for f in _group_figures(env, prs, fig_dir, smooth, policy)]
 
 
 def _group_figures(env: str, rs: list[Run], fig_dir: Path, smooth: int,
@@ -211,6 +218,10 @@ def make_report(paths: list[str | Path], out_dir: str | Path, smooth: int = 1,
                     notes.append(note)
                 continue
             by_cond[(r.condition, r.policy)][r.seed] = r.final_return
+            if math.isnan(r.final_return):
+                who = f" (policy {r.policy})" if r.policy is not None else ""
+                notes.append(f"{r.path}{who}: no training episode ended in the last 10% of "
+                             "the steps, so it has no final return (left out of the table)")
         summaries += [summarize(env, c, s, p) for (c, p), s in
                       sorted(by_cond.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
         figures += _env_figures(env, rs, fig_dir, smooth)

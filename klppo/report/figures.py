@@ -126,31 +126,47 @@ def _positive(v: np.ndarray) -> np.ndarray:
     return np.where(v > 0, v, np.nan)
 
 
+def _log_or_linear(axis, series: list[tuple[list, np.ndarray, dict]],
+                   log: bool = True) -> str:
+    """Plot ``(x, y, style)`` series for a log y axis when some value is > 0 (those <= 0 are
+    gaps), else (a fixed beta of 0, a KL never above 0) for a linear one; the scale to set
+    (once every panel is drawn: matplotlib warns when a shared axis is rescaled earlier)."""
+    log = log and any(bool(np.any(y > 0)) for _, y, _ in series)
+    for x, y, style in series:
+        axis.plot(x, _positive(y) if log else y, **style)
+    return "log" if log else "linear"
+
+
 def kl_tracking(env: str, cond: str, runs: list[Run], smooth: int = 1):
     """One condition, seeds overlaid: the KL fed to the controller against its target (top,
     log scale; the target in its own colour; no target for a fixed beta) and beta (bottom,
-    log scale). The caller says when the learning rate anneals (:data:`ANNEAL_NOTE`)."""
+    log scale). A panel with no value above 0 (beta fixed at 0) is on a linear scale. The
+    caller says when the learning rate anneals (:data:`ANNEAL_NOTE`)."""
     target = has_target(runs)
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 4.8), sharex=True,
                                  gridspec_kw={"height_ratios": [3, 2]})
+    kls, betas = [], []
     for i, r in enumerate(sorted(runs, key=lambda r: r.seed)):
-        ms, c = r.metrics, _SEED_COLOURS[i % len(_SEED_COLOURS)]
+        ms = r.metrics
+        style = {"color": _SEED_COLOURS[i % len(_SEED_COLOURS)], "lw": 1.2, "alpha": 0.85,
+                 "label": f"seed {r.seed}"}
         steps = [m["global_step"] for m in ms]
-        kl = smooth_values([m.get("kl_observed", m.get("kl_rollout")) for m in ms], smooth)
-        ax.plot(steps, _positive(kl), color=c, lw=1.2, alpha=0.85, label=f"seed {r.seed}")
-        bx.plot(steps, _positive(np.array([_f(m.get("beta")) for m in ms])), color=c, lw=1.2,
-                alpha=0.85, label=f"seed {r.seed}")
+        kls.append((steps, smooth_values([m.get("kl_observed", m.get("kl_rollout"))
+                                          for m in ms], smooth), style))
+        betas.append((steps, np.array([_f(m.get("beta")) for m in ms]), style))
+    kl_scale = _log_or_linear(ax, kls, log=target is None or target > 0)
+    beta_scale = _log_or_linear(bx, betas)
     if target is not None:
         ax.axhline(target, color=TARGET_COLOUR, ls="--", lw=1.5, label=f"target {target:g}")
-    ax.set(ylabel="KL (nats per sample)", yscale="log")
+    ax.set(ylabel="KL (nats per sample)", yscale=kl_scale)
     what = "KL vs target" if target is not None else "KL"
-    betas = {(r.config.get("kl") or {}).get("beta") for r in runs}
+    fixed = {(r.config.get("kl") or {}).get("beta") for r in runs}
     kind = "adaptive beta" if target is not None else "fixed beta" + (
-        f" {betas.pop():g}" if len(betas) == 1 and isinstance(next(iter(betas)), (int, float))
+        f" {fixed.pop():g}" if len(fixed) == 1 and isinstance(next(iter(fixed)), (int, float))
         else "")
     ax.set_title(f"{env} / {cond}: {what}, {kind}{_smoothed_note(smooth)}", fontsize=10)
     ax.legend(**_LEGEND)
-    bx.set(ylabel="beta", yscale="log", xlabel="environment steps")
+    bx.set(ylabel="beta", yscale=beta_scale, xlabel="environment steps")
     for a in (ax, bx):
         a.grid(alpha=0.3)
     return fig

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from klppo.protocol import final_return
+from klppo.report.validate import Skip as _Skip
+from klppo.report.validate import read_config, read_records
 from klppo.runs.configfile import InputError, parse_yaml
-from klppo.runs.metrics import policies_of, read_metrics
+from klppo.runs.metrics import policies_of
 
 __all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine", "policy_config",
            "resumes", "run_machines", "merge_commits"]
@@ -121,53 +121,6 @@ def policy_config(config: dict[str, Any], policy: str) -> dict[str, Any]:
     return out
 
 
-class _Skip(Exception):
-    """A path the report cannot use; the message says why."""
-
-
-#: metrics the report reads: each must be a number (or null) in a usable record
-_NUMERIC = ("global_step", "episode_return_mean", "episode_count", "kl_observed", "kl_rollout",
-            "kl_target", "beta", "frac_in", "frac_pass", "frac_kill", "beta_t_q50", "beta_t_q90",
-            "beta_t_q99")
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _usable(record: dict[str, Any]) -> bool:
-    """global_step is a number, and so is every metric the report reads (a multi-agent run's
-    ``POLICY/`` ones included), or null."""
-    return _number(record.get("global_step")) and all(
-        v is None or _number(v) for k, v in record.items()
-        if k in _NUMERIC or ("/" in k and k.rpartition("/")[2] in _NUMERIC))
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        config = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise _Skip("config.yaml is not UTF-8 text") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise _Skip(f"config.yaml is not valid YAML{where}") from None
-    if config is None:
-        raise _Skip("config.yaml is empty")
-    if not isinstance(config, dict):
-        raise _Skip(f"config.yaml holds a {type(config).__name__}, not a mapping")
-    seed = config.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise _Skip(f"config.yaml: seed={seed!r} is not an integer")
-    for key in ("ppo", "kl", "marl"):
-        if not isinstance(config.get(key) or {}, dict):
-            raise _Skip(f"config.yaml: {key}={config[key]!r} is not a mapping")
-    overrides = (config.get("marl") or {}).get("overrides")
-    if overrides is not None and not isinstance(overrides, list):
-        raise _Skip(f"config.yaml: marl.overrides={overrides!r} is not a list")
-    return config
-
-
 def _read_state(path: Path) -> str | None:
     try:
         status = json.loads(path.read_bytes())
@@ -252,12 +205,8 @@ def _read_run(path: Path, condition: str | None) -> Run:
         raise _Skip("no config.yaml: not a klppo run directory")
     if not met_path.exists():
         raise _Skip("no metrics.jsonl: the run never finished an iteration")
-    config = _read_config(cfg_path)
-    records, bad = read_metrics(met_path)
-    usable = [r for r in records if _usable(r)]
-    bad += len(records) - len(usable)
-    if not usable:
-        raise _Skip("metrics.jsonl holds no complete record")
+    config = read_config(cfg_path)
+    usable, bad = read_records(met_path)
     status = _read_state(path / "status.json")
     run = Run(path, config, usable, condition or condition_of(config), status,
               metadata=_read_metadata(path / "metadata.json"))

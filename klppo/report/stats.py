@@ -52,9 +52,10 @@ def summarize(env: str, condition: str, per_seed: dict[int, float],
     if len(vals) == 0:
         return Summary(env, condition, 0, math.nan, math.nan, math.nan, math.nan, math.nan,
                        per_seed, policy)
-    lo, hi = bootstrap_iqm_ci(vals)
-    return Summary(env, condition, len(vals), float(vals.mean()), float(vals.std(ddof=0)),
-                   iqm(vals), lo, hi, per_seed, policy)
+    with np.errstate(all="ignore"):  # returns near the float limit (a run logged +-inf)
+        lo, hi = bootstrap_iqm_ci(vals)
+        return Summary(env, condition, len(vals), float(vals.mean()), float(vals.std(ddof=0)),
+                       iqm(vals), lo, hi, per_seed, policy)
 
 
 def curve_on_grid(steps: list[float], values: list[float | None],

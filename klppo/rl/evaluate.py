@@ -2,7 +2,7 @@
 
 Episodes use their own seeds (``seed + k`` for episode ``k``), the run's observation
 normalisation frozen at its checkpointed statistics, and deterministic actions (the mode) unless
-asked to sample. The result is written to ``RUN_DIR/eval.json``.
+asked to sample. The result is written to ``RUN_DIR/eval.json`` (or ``out``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from klppo.rl.policy import Policy, load
+from klppo.runs.paths import check_writable
 from klppo.runs.rundir import write_json_atomic
 
-__all__ = ["EvalResult", "RenderingUnavailable", "evaluate", "EVAL_FILE"]
+__all__ = ["EvalResult", "RenderingUnavailable", "evaluate", "eval_path", "EVAL_FILE"]
 
 EVAL_FILE = "eval.json"
 
@@ -72,14 +73,40 @@ def _episode(env: gym.Env, policy: Policy, seed: int, deterministic: bool,
     return total, steps
 
 
+def eval_path(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Where eval.json goes (``out``, else ``RUN_DIR/eval.json``), checked before any episode
+    runs: ValueError naming the path when it is a directory or its folder is not writable (a
+    read-only run directory: write elsewhere with ``out``)."""
+    path = Path(out) if out is not None else Path(run_dir) / EVAL_FILE
+    what = "out" if out is not None else "eval.json"
+    if path.is_dir():
+        raise ValueError(f"{what}={str(path)!r}: is a directory")
+    if not path.parent.is_dir():
+        raise ValueError(f"{what}={str(path)!r}: {str(path.parent)!r} is not a directory")
+    try:
+        check_writable(path.parent, what)
+    except OSError as e:
+        hint = "" if out is not None else "; write it elsewhere with --out FILE"
+        raise ValueError(f"{what}={str(path)!r}: {str(e).partition(': ')[2]}{hint}") from None
+    return path
+
+
 def evaluate(run_dir: str | Path, episodes: int = 10, deterministic: bool = True,
-             seed: int = 1_000_000, video_dir: str | Path | None = None) -> EvalResult:
-    """Run ``episodes`` episodes of the run's policy and write ``RUN_DIR/eval.json``."""
+             seed: int = 1_000_000, video_dir: str | Path | None = None,
+             out: str | Path | None = None) -> EvalResult:
+    """Run ``episodes`` episodes of the run's policy and write ``out`` (default
+    ``RUN_DIR/eval.json``, see :func:`eval_path`)."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes={episodes!r}: must be an integer >= 1")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed={seed!r}: must be an integer >= 0")
     policy = load(run_dir)
+    path = eval_path(run_dir, out)
+    if video_dir is not None:
+        try:
+            check_writable(video_dir, "--video")
+        except OSError as e:
+            raise ValueError(str(e)) from None
     vdir = None if video_dir is None else Path(video_dir)
     env = _make_env(policy, vdir)
     gen = torch.Generator().manual_seed(seed)
@@ -91,7 +118,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, deterministic: bool = True
     videos = sorted(str(p) for p in vdir.glob("*.mp4")) if vdir is not None else []
     result = EvalResult(episodes, deterministic, seed, returns, [n for _, n in runs],
                         float(np.mean(returns)), float(np.std(returns)), videos)
-    write_json_atomic(Path(run_dir) / EVAL_FILE, asdict(result))
+    write_json_atomic(path, asdict(result))
     return result
 
 

@@ -125,19 +125,56 @@ def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         env.close()
 
 
-def _policy(cfg: TrainConfig, state: dict[str, Any], obs_space: gym.Space,
-            act_space: gym.Space) -> Policy:
-    """A :class:`Policy` from one learner's checkpointed state (network and normaliser)."""
+def _policy(cfg: TrainConfig, state: Any, obs_space: gym.Space, act_space: gym.Space,
+            source: str) -> Policy:
+    """A :class:`Policy` from one learner's checkpointed state (network and normaliser);
+    :class:`~klppo.runs.checkpoint.CheckpointError` naming ``source`` (the checkpoint) and
+    the mismatch when the state does not fit the run's config (another run's checkpoint)."""
     n = cfg.net
-    agent = ActorCritic(int(np.prod(obs_space.shape)), make_head(act_space), n.hidden,
-                        n.shared_trunk, n.separate_losses, n.log_std_init)
-    agent.load_state_dict(state["agent"])
+    obs_dim = int(np.prod(obs_space.shape))
+    agent = ActorCritic(obs_dim, make_head(act_space), n.hidden, n.shared_trunk,
+                        n.separate_losses, n.log_std_init)
+    if not isinstance(state, dict) or not isinstance(state.get("agent"), dict):
+        raise ckpt.CheckpointError(f"{source}: holds no network weights ('agent'); not a "
+                                   "klppo train checkpoint")
+    fits = f"does not fit the run's config.yaml (env {cfg.env}, net.hidden {list(n.hidden)})"
+    _load_weights(agent, state["agent"], f"{source}: {fits}")
     obs_norm = None
     if state.get("obs_norm") is not None:
-        obs_norm = ObsNormalizer(tuple(np.shape(state["obs_norm"]["mean"])),
-                                 cfg.rollout.clip_obs)
-        obs_norm.rms.load_state_dict(state["obs_norm"])
+        saved = state["obs_norm"]
+        shape = np.shape(saved.get("mean")) if isinstance(saved, dict) else None
+        if shape is None or int(np.prod(shape)) != obs_dim:
+            raise ckpt.CheckpointError(f"{source}: {fits}: its observation normaliser has "
+                                       f"shape {list(shape or [])}, the env's observations "
+                                       f"{obs_dim} values")
+        obs_norm = ObsNormalizer(tuple(shape), cfg.rollout.clip_obs)
+        try:
+            obs_norm.rms.load_state_dict(saved)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ckpt.CheckpointError(f"{source}: its observation normaliser cannot be read "
+                                       f"({type(e).__name__}: {e})") from None
     return Policy(agent, cfg, act_space, obs_norm)
+
+
+def _load_weights(agent: nn.Module, saved: dict[str, Any], where: str) -> None:
+    """``agent.load_state_dict(saved)``; CheckpointError ``where``: the first parameter whose
+    shape differs (both shapes), or the parameters missing or unexpected."""
+    own = agent.state_dict()
+    for k, v in own.items():
+        got = getattr(saved.get(k), "shape", None)
+        if k in saved and (got is None or tuple(got) != tuple(v.shape)):
+            what = list(got) if got is not None else type(saved[k]).__name__
+            raise ckpt.CheckpointError(f"{where}: {k} is {what} in the checkpoint, "
+                                       f"{list(v.shape)} in the network")
+    missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+    if missing or extra:
+        raise ckpt.CheckpointError(f"{where}: parameters missing {missing[:3]}, unexpected "
+                                   f"{extra[:3]}")
+    try:
+        agent.load_state_dict(saved)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ckpt.CheckpointError(f"{where}: {type(e).__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else ''}") from None
 
 
 def load(run_dir: str | Path, policy: str | None = None) -> Policy:
@@ -159,7 +196,7 @@ def load(run_dir: str | Path, policy: str | None = None) -> Policy:
         raise ValueError(f"policy={policy!r}: {run_dir} is a single-agent run (no policy names)")
     state = ckpt.load_checkpoint(run_dir)
     obs_space, act_space = _spaces(cfg.env)
-    return _policy(cfg, state, obs_space, act_space)
+    return _policy(cfg, state, obs_space, act_space, str(run_dir / ckpt.CHECKPOINT))
 
 
 def load_policies(run_dir: str | Path) -> dict[str, Policy]:
@@ -173,5 +210,11 @@ def load_policies(run_dir: str | Path) -> dict[str, Policy]:
         raise ValueError(f"{run_dir} is a single-agent run: use load()")
     state = ckpt.load_checkpoint(run_dir)
     spec = check_multiagent(cfg)
-    return {p: _policy(spec.configs[p], state["policies"][p], spec.obs_spaces[p],
-                       spec.action_spaces[p]) for p in spec.policies}
+    source = str(run_dir / ckpt.CHECKPOINT)
+    saved = state.get("policies") if isinstance(state, dict) else None
+    if not isinstance(saved, dict) or set(saved) != set(spec.policies):
+        have = sorted(saved) if isinstance(saved, dict) else None
+        raise ckpt.CheckpointError(f"{source}: holds the policies {have}, the run's "
+                                   f"config.yaml {sorted(spec.policies)}")
+    return {p: _policy(spec.configs[p], saved[p], spec.obs_spaces[p], spec.action_spaces[p],
+                       f"{source} (policy {p})") for p in spec.policies}

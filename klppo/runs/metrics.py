@@ -13,9 +13,9 @@ from typing import Any, Protocol
 log = logging.getLogger(__name__)
 
 __all__ = ["Sink", "JsonlSink", "TensorBoardSink", "WandbSink", "require_wandb",
-           "wandb_run_id", "MetricsWriter", "read_metrics", "policies_of", "truncate_metrics",
-           "rewrite_metrics",
-           "NAMESPACES", "CLEANRL_NAMES", "dashboard_scalars"]
+           "wandb_run_id", "MetricsWriter", "read_metrics", "read_numbered_metrics",
+           "policies_of", "truncate_metrics", "rewrite_metrics", "NAMESPACES", "CLEANRL_NAMES",
+           "dashboard_scalars"]
 
 #: key prefix -> dashboard namespace (CleanRL style) for TensorBoard and W&B.
 NAMESPACES: dict[str, str] = {
@@ -178,9 +178,15 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
     A run killed mid-write leaves a truncated last line: it is skipped, not fatal; so is a line
     that is not UTF-8 text or not a JSON object.
     """
+    numbered, bad = read_numbered_metrics(path)
+    return [r for _, r in numbered], bad
+
+
+def read_numbered_metrics(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+    """:func:`read_metrics` with each record's line number (from 1), to name it in errors."""
     records, bad = [], 0
     with open(path, "rb") as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue
@@ -189,7 +195,7 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
             except ValueError:  # JSONDecodeError, UnicodeDecodeError
                 record = None
             if isinstance(record, dict):
-                records.append(record)
+                records.append((number, record))
             else:
                 bad += 1
     return records, bad

@@ -2,6 +2,7 @@
 status 2, no traceback, and no output directory created."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -41,6 +42,31 @@ CASES = {
     "target_zero": (CL + ["--target", "0"], None, ["--target=0.0", "> 0"]),
     "target_negative": (CL + ["--target", "-0.02"], None, ["--target=-0.02"]),
     "target_nan": (CL + ["--target", "nan"], None, ["--target=nan"]),
+    # the plant's flags: bounded so that its KL stays a float; only with --closed-loop
+    "drift_huge": (CL + ["--drift", "1e308"], None, ["--drift=1e+308", "within +-100"]),
+    "drift_huge_negative": (CL + ["--drift=-1e308"], None, ["--drift=-1e+308"]),
+    "drift_nan": (CL + ["--drift", "nan"], None, ["--drift=nan", "finite"]),
+    "noise_huge": (CL + ["--noise", "1e200"], None, ["--noise=1e+200", "<= 10"]),
+    "noise_inf": (CL + ["--noise", "inf"], None, ["--noise=inf"]),
+    "steps_huge": (CL + ["--steps", "1000000000"], None, ["--steps=1000000000", "100,000"]),
+    "seed_huge": (CL + ["--seed", str(2**32)], None, [f"--seed={2**32}"]),
+    "target_inf": (CL + ["--target", "inf"], None, ["--target=inf"]),
+    "steps_with_trace": (T + ["--steps", "5"], _file("t.csv", "kl\n0.1\n"),
+                         ["--steps=5", "only used with --closed-loop"]),
+    "seed_with_trace": (T + ["--seed", "3"], _file("t.csv", "kl\n0.1\n"),
+                        ["--seed=3", "only used with --closed-loop"]),
+    "drift_with_trace": (T + ["--drift", "2"], _file("t.csv", "kl\n0.1\n"),
+                         ["--drift=2.0", "only used with --closed-loop"]),
+    "noise_with_trace": (T + ["--noise", "0"], _file("t.csv", "kl\n0.1\n"),
+                         ["--noise=0.0", "only used with --closed-loop"]),
+    # a controller whose beta leaves the floats: named with the update
+    "controller_overflows_closed_loop": (CL + ["--controller", "pid:kp=1e308,ki=1e308"], None,
+                                         ["controller='pid:kp=1e308,ki=1e308'", "beta=inf",
+                                          "not finite"]),
+    "controller_overflows_open_loop": (
+        T + ["--controller", "proportional:beta=1,horizon=1e-300"],
+        _file("t.csv", "kl\n0.5\n1e300\n"),
+        ["controller='proportional:beta=1,horizon=1e-300'", "update 2", "not finite"]),
     # controllers
     "controller_unknown": (CL + ["--controller", "foo"], None, ["controller='foo'", "one of"]),
     "controller_bad_beta": (CL + ["--controller", "proportional:beta=-1"], None,
@@ -73,6 +99,10 @@ CASES = {
                                ["trace=", "line 1", "kl_observed='high'"]),
     "jsonl_bad_target": (T, _file("t.jsonl", '{"kl_observed": 0.1, "kl_target": -1}\n'),
                          ["trace=", "kl_target=-1"]),
+    "jsonl_value_inf": (T, _file("t.jsonl", '{"kl_observed": Infinity}\n'),
+                        ["trace=", "line 1", "kl_observed=inf", "not a finite number"]),
+    "jsonl_step_nan": (T, _file("t.jsonl", '{"global_step": NaN, "kl_observed": 0.1}\n'),
+                       ["trace=", "line 1", "global_step=nan"]),
     "csv_no_column": (T, _file("t.csv", "step,loss\n0,1\n"), ["trace=", "no column 'kl'"]),
     "csv_not_number": (T, _file("t.csv", "kl\n0.1\nhigh\n"), ["trace=", "row 3", "kl='high'"]),
     "csv_nan": (T, _file("t.csv", "kl\nnan\n"), ["trace=", "row 2", "not a finite number"]),
@@ -136,4 +166,36 @@ def test_real_subprocess_bad_input(argv, needles, tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert_one_line_error(proc.returncode, proc.stderr, 2, "replay", needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_trace_with_kl_at_or_below_zero_is_replayed_and_says_how_it_counts(tmp_path, capsys):
+    """A noisy KL estimate can be negative: the controllers get it as in training, and the
+    tracking error counts it as 1000x below the target (never nan)."""
+    (tmp_path / "t.csv").write_text("kl\n0.02\n-0.01\n0\n-0.002\n")
+    assert run_main(["replay", str(tmp_path / "t.csv"), "--out", str(tmp_path / "o"),
+                     "--controller", "fixed:beta=0", "step:preset=rllib"]) == 0
+    cap = capsys.readouterr()
+    assert cap.err == "" and "nan" not in cap.out
+    assert "note: 3 of 4 KL values are below 0.001 x the target" in cap.out
+    rows = [x for x in cap.out.splitlines() if x.startswith(("fixed", "step"))]
+    assert [float(r.split()[1]) for r in rows] == [round(math.log(1000), 2)] * 2
+
+
+def test_a_panel_with_nothing_above_zero_is_linear():
+    from klppo.replay.plots import lab_figure
+
+    fig = lab_figure([0, 1], {"trace": [-0.01, 0.0]}, {"fixed:beta=0": [0.0, 0.0],
+                                                      "b": [0.0, 0.0]}, 0.02, "t")
+    assert [a.get_yscale() for a in fig.axes[:2]] == ["linear", "linear"]
+    fig = lab_figure([0, 1], {"trace": [-0.01, 0.1]}, {"b": [0.0, 1.0]}, 0.02, "t")
+    assert [a.get_yscale() for a in fig.axes[:2]] == ["log", "log"]
+
+
+def test_a_drift_that_would_overflow_is_one_line_in_a_real_process(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "klppo", "replay", "--closed-loop", "--drift",
+                           "1e308", "--out", str(tmp_path / "o")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert_one_line_error(proc.returncode, proc.stderr, 2, "replay", ["--drift=1e+308"])
     assert list(tmp_path.iterdir()) == []
