@@ -31,9 +31,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.video:  # MuJoCo renders headless through EGL where it can (set before its import)
         os.environ.setdefault("MUJOCO_GL", "egl")
-    import torch
-
-    torch.set_num_threads(1)  # one small network per step: more threads only contend
     from klppo.rl.evaluate import RenderingUnavailable, eval_path, evaluate
     from klppo.rl.lifecycle import ResumeError
     from klppo.runs.checkpoint import CheckpointError

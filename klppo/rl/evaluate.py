@@ -18,6 +18,7 @@ import torch
 from klppo.rl.policy import Policy, load
 from klppo.runs.paths import check_writable
 from klppo.runs.rundir import write_json_atomic
+from klppo.runs.threads import compute_threads
 
 __all__ = ["EvalResult", "RenderingUnavailable", "evaluate", "eval_path", "EVAL_FILE"]
 
@@ -91,6 +92,7 @@ def eval_path(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return path
 
 
+@compute_threads(torch_threads=1)  # one small network per step: more threads only contend
 def evaluate(run_dir: str | Path, episodes: int = 10, deterministic: bool = True,
              seed: int = 1_000_000, video_dir: str | Path | None = None,
              out: str | Path | None = None) -> EvalResult:

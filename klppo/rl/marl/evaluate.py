@@ -19,6 +19,7 @@ import torch
 from klppo.rl.lifecycle import read_run_config
 from klppo.rl.marl.spec import check_multiagent, make_parallel_env
 from klppo.rl.policy import Policy, load_policies
+from klppo.runs.threads import compute_threads
 
 __all__ = ["PolicyReturns", "evaluate_policies"]
 
@@ -66,6 +67,7 @@ def _episode(env: Any, policies: dict[str, list[str]], trained: dict[str, Policy
                     for p, agents in policies.items()}
 
 
+@compute_threads(torch_threads=1)  # one small network per step: more threads only contend
 def evaluate_policies(run_dir: str | Path, episodes: int = 100, seed: int = 1_000_000,
                       random: Iterable[str] = (), deterministic: bool = False
                       ) -> dict[str, PolicyReturns]:
