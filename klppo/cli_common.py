@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import io
 import sys
+import warnings
 from typing import Any, NoReturn, TypeVar
 
 __all__ = ["BAD_INPUT", "FAILED", "OneLineParser", "FlagError", "parse_config_flags",
@@ -41,6 +42,33 @@ def one_line(err: BaseException | str) -> str:
 
 def say_error(command: str, err: BaseException | str) -> None:
     print(f"klppo {command}: {one_line(err)}", file=sys.stderr)
+
+
+class NumericWarnings(list):
+    """Inside ``with NumericWarnings() as w``, numeric RuntimeWarnings (numpy's overflow, invalid
+    value, ...) are collected instead of printed, once per message; :meth:`suffix` folds them
+    into a command's one line. Other warnings are shown as usual."""
+
+    def __enter__(self) -> NumericWarnings:
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        show = warnings.showwarning
+
+        def collect(message, category, *args, **kwargs):
+            if issubclass(category, RuntimeWarning):
+                if str(message) not in self:
+                    self.append(str(message))
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = collect
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._cm.__exit__(*exc)
+
+    def suffix(self) -> str:
+        return f" (numeric warnings: {'; '.join(self[:3])})" if self else ""
 
 
 def clock(seconds: float) -> str:

@@ -155,12 +155,14 @@ def run_train(argv: list[str]) -> int:
         return 2
     if isinstance(cfg, str):
         return _resume(cfg)
+    from klppo.cli_common import NumericWarnings
     from klppo.rl.trainer import TrainingError, train
 
     try:
-        result = train(cfg, on_iteration=_progress(cfg))
+        with NumericWarnings() as numeric:
+            result = train(cfg, on_iteration=_progress(cfg))
     except TrainingError as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+        print(f"klppo train: {e}{numeric.suffix()}", file=sys.stderr)
         return 1
     except _errors() as e:
         print(f"klppo train: {e}", file=sys.stderr)
@@ -169,13 +171,15 @@ def run_train(argv: list[str]) -> int:
 
 
 def _resume(run_dir: str) -> int:
+    from klppo.cli_common import NumericWarnings
     from klppo.rl.trainer import TrainingError, read_run_config, resume
 
     try:
         cfg = read_run_config(run_dir)
-        result = resume(run_dir, on_iteration=_progress(cfg))
+        with NumericWarnings() as numeric:
+            result = resume(run_dir, on_iteration=_progress(cfg))
     except TrainingError as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+        print(f"klppo train: {e}{numeric.suffix()}", file=sys.stderr)
         return 1
     except _errors() as e:
         print(f"klppo train: {e}", file=sys.stderr)
