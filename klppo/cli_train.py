@@ -167,6 +167,8 @@ def run_train(argv: list[str]) -> int:
     except _errors() as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return 2
+    if numeric:
+        print(f"klppo train: warning:{numeric.suffix()}", file=sys.stderr)
     return _report(result)
 
 
@@ -184,6 +186,8 @@ def _resume(run_dir: str) -> int:
     except _errors() as e:
         print(f"klppo train: {e}", file=sys.stderr)
         return 2
+    if numeric:
+        print(f"klppo train: warning:{numeric.suffix()}", file=sys.stderr)
     return _report(result)
 
 
