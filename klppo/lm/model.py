@@ -47,9 +47,11 @@ def small_gpt2(vocab_size: int, n_positions: int = 128, n_embd: int = 128, n_lay
     return GPT2LMHeadModel(cfg)
 
 
-def check_model_dir(path: str | Path, what: str = "model") -> None:
+def check_model_dir(path: str | Path, what: str = "model", kind: str = "causal") -> None:
     """Fail early, one line naming ``what`` and the path, unless ``path`` is a Hugging Face
-    model directory whose ``config.json`` transformers can read (the weights are not loaded)."""
+    model directory whose ``config.json`` transformers can read and whose architecture is of
+    ``kind`` (``"causal"``: a causal LM; ``"classifier"``: sequence classification; None: any).
+    The weights are not loaded."""
     from klppo.lm.config import ConfigError
 
     p = Path(path)
@@ -64,9 +66,44 @@ def check_model_dir(path: str | Path, what: str = "model") -> None:
     try:
         from transformers import AutoConfig
 
-        AutoConfig.from_pretrained(p)
+        config = AutoConfig.from_pretrained(p)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; all mean "bad dir"
         raise ConfigError(f"{name}: config.json cannot be read ({_first_line(e)})") from None
+    if kind is not None:
+        _check_kind(config, kind, name)
+
+
+#: what each kind of model is called, and the --reward / --model hint for the other kind
+_KINDS = {"causal": ("a causal language model (e.g. GPT2LMHeadModel)",
+                     "a classifier is a reward: pass it as --reward classifier:PATH"),
+          "classifier": ("a sequence-classification model (e.g. "
+                         "GPT2ForSequenceClassification)", "a causal LM is a --model")}
+
+
+def _mapping(kind: str) -> dict:
+    """transformers' model_type -> class name(s) of the auto class for ``kind``."""
+    from transformers.models.auto import modeling_auto as auto
+
+    return (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if kind == "causal"
+            else auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
+
+
+def _check_kind(config, kind: str, name: str) -> None:
+    """ConfigError unless ``config``'s ``architectures`` (else its ``model_type``) is ``kind``:
+    transformers would otherwise build the other head from random weights, without a word."""
+    from klppo.lm.config import ConfigError
+
+    archs = getattr(config, "architectures", None) or []
+    names = _mapping(kind)
+    known = {n for v in names.values() for n in ([v] if isinstance(v, str) else v)}
+    # without architectures only a causal LM is taken on its model_type (a gpt2 config is
+    # both; a classifier's config always names its head)
+    ok = any(a in known for a in archs) if archs else (
+        kind == "causal" and config.model_type in names)
+    if not ok:
+        want, hint = _KINDS[kind]
+        said = f"architectures {archs}" if archs else f"model_type {config.model_type!r}"
+        raise ConfigError(f"{name}: config.json says {said}, not {want}; {hint}")
 
 
 def _first_line(e: BaseException) -> str:

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -26,13 +28,22 @@ def checked(fn: RewardFn, prompts: Sequence[str], responses: Sequence[str]) -> l
     if len(scores) != len(responses):
         raise ValueError(f"reward: {len(responses)} responses but {len(scores)} scores; a reward "
                          f"function must return one score per response")
-    out = []
-    for i, s in enumerate(scores):
-        v = float(s)
-        if v != v or v in (float("inf"), float("-inf")):
-            raise ValueError(f"reward: score {i} is not finite ({v})")
-        out.append(v)
-    return out
+    return [_score(fn, i, s) for i, s in enumerate(scores)]
+
+
+def _score(fn: RewardFn, i: int, s: object) -> float:
+    """Score ``i`` as a float: a real number (numpy and torch scalars too), finite; never a
+    string or a bool (``"1.0"`` is refused, not read as 1.0)."""
+    if hasattr(s, "item") and getattr(s, "ndim", None) == 0:  # numpy / torch scalars
+        s = s.item()
+    who = getattr(fn, "__name__", type(fn).__name__)
+    if isinstance(s, bool) or not isinstance(s, numbers.Real):
+        raise ValueError(f"reward {who}: score {i} is {s!r} (a {type(s).__name__}), not a "
+                         "number")
+    v = float(s)
+    if not math.isfinite(v):
+        raise ValueError(f"reward {who}: score {i} is not finite ({v})")
+    return v
 
 
 class VaderReward:
@@ -63,6 +74,10 @@ class ClassifierReward:
 
         self.tok = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+        if self.tok.pad_token is None:  # GPT-2-like tokenizers: batches pad with EOS
+            self.tok.pad_token = self.tok.eos_token
+        if self.model.config.pad_token_id is None:
+            self.model.config.pad_token_id = self.tok.pad_token_id
         self.label, self.use_prompt, self.probability = label, use_prompt, probability
         self.batch_size = batch_size
 
@@ -97,14 +112,27 @@ def make_reward(name: str) -> RewardFn:
         if not (Path(path) / "config.json").is_file():
             raise ConfigError(f"reward={name!r}: {path!r} is not a Hugging Face model directory "
                               f"(no config.json)")
-        label = int(rest[0]) if rest else 1
-        try:
-            reward = ClassifierReward(path, label)
-        except Exception as e:  # noqa: BLE001 - transformers raises many kinds
-            raise ConfigError(f"reward={name!r}: the classifier cannot be loaded "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-        if label >= reward.model.config.num_labels:
-            raise ConfigError(f"reward={name!r}: the classifier has "
-                              f"{reward.model.config.num_labels} labels; LABEL {label} is none")
-        return reward
+        return _classifier(name, path, int(rest[0]) if rest else 1)
     raise ConfigError(f"reward={name!r}: use 'vader' or 'classifier:PATH[:LABEL]'")
+
+
+def _classifier(name: str, path: str, label: int) -> ClassifierReward:
+    """The classifier of ``reward=name``, checked before any run: a sequence-classification
+    model (not a causal LM) with the label, that scores a batch of two texts."""
+    from transformers import AutoConfig
+
+    from klppo.lm.config import ConfigError
+    from klppo.lm.model import check_model_dir
+
+    check_model_dir(path, f"reward={name!r}: model", kind="classifier")
+    labels = AutoConfig.from_pretrained(path).num_labels
+    if label >= labels:
+        raise ConfigError(f"reward={name!r}: the classifier has {labels} labels; LABEL {label} "
+                          "is none")
+    try:
+        reward = ClassifierReward(path, label)
+        checked(reward, ["A probe", "A longer probe of"], ["text.", "two texts."])
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds
+        raise ConfigError(f"reward={name!r}: the classifier cannot be loaded or run "
+                          f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    return reward

@@ -21,3 +21,16 @@ def tiny_model_dir(tmp_path_factory):
 TINY = {"iterations": 8, "batch_size": 4, "minibatch_size": 2, "prompt_len": 6,
         "response_len": 5, "eval_every": 3, "eval_windows": 2, "target": 1.0, "ppo_epochs": 1,
         "checkpoint_every": 3, "lr": 1e-3}
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny GPT-2 with a 2-label sequence-classification head (GPT2ForSequenceClassification)
+    and the same tokenizer: what `--reward classifier:PATH` points at in the lm tests."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2ForSequenceClassification
+
+    d = tmp_path_factory.mktemp("tiny_classifier")
+    cfg = GPT2Config.from_pretrained(tiny_model_dir, num_labels=2)
+    GPT2ForSequenceClassification(cfg).save_pretrained(d)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(d)
+    return d

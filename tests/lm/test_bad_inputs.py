@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -240,3 +242,118 @@ def test_real_subprocess_bad_input(argv, command, needles, tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert_one_line_error(proc.returncode, proc.stderr, 2, command, needles)
     assert not (tmp_path / "o").exists() and not (tmp_path / "runs").exists()
+
+
+def _base_model(tmp: Path, model: Path) -> Path:
+    """The tiny GPT-2 without a head (GPT2Model): neither a causal LM nor a classifier."""
+    from transformers import GPT2Config, GPT2Model
+
+    d = tmp / "base"
+    GPT2Model(GPT2Config.from_pretrained(model)).save_pretrained(d)
+    return d
+
+
+def _no_architectures(tmp: Path, model: Path) -> Path:
+    import json
+    import shutil
+
+    d = tmp / "noarch"
+    shutil.copytree(model, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.pop("architectures", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+#: the wrong kind of model: (argv from (tmp, causal LM, classifier), needles)
+KIND_CASES = {
+    "model_is_classifier": (lambda t, m, c: ["--model", str(c)],
+                            ["model=", "GPT2ForSequenceClassification", "not a causal language "
+                             "model", "--reward classifier:PATH"]),
+    "model_has_no_head": (lambda t, m, c: ["--model", str(_base_model(t, m))],
+                          ["model=", "architectures ['GPT2Model']", "not a causal language"]),
+    "reward_is_causal_lm": (lambda t, m, c: ["--model", str(m), "--reward", f"classifier:{m}"],
+                            ["reward='classifier:{m}'", "architectures ['GPT2LMHeadModel']",
+                             "not a sequence-classification model"]),
+    "reward_names_no_architecture": (
+        lambda t, m, c: ["--model", str(m), "--reward", f"classifier:{_no_architectures(t, m)}"],
+        ["reward=", "model_type 'gpt2'", "not a sequence-classification model"]),
+    "reward_label_missing": (lambda t, m, c: ["--model", str(m), "--reward",
+                                              f"classifier:{c}:5"],
+                             ["reward=", "2 labels", "LABEL 5 is none"]),
+}
+
+
+@pytest.mark.parametrize("case", list(KIND_CASES))
+def test_rlhf_wrong_kind_of_model(case, tiny_model_dir, tiny_classifier_dir, tmp_path, capsys):
+    make, needles = KIND_CASES[case]
+    argv = make(tmp_path, tiny_model_dir, tiny_classifier_dir) + ["--out", str(tmp_path / "r")]
+    before = tree(tmp_path)
+    rc = run_main(["rlhf", *argv])
+    assert_one_line_error(rc, capsys.readouterr().err, 2, "rlhf",
+                          [n.format(m=tiny_model_dir) for n in needles])
+    assert tree(tmp_path) == before, "a refused run must create nothing"
+
+
+def test_compare_refuses_a_classifier_as_model(tiny_classifier_dir, tmp_path, capsys):
+    rc = run_main(["rlhf", "compare", "--model", str(tiny_classifier_dir), "--out",
+                   str(tmp_path / "cmp")])
+    assert_one_line_error(rc, capsys.readouterr().err, 2, "rlhf compare",
+                          ["model=", "GPT2ForSequenceClassification"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_classifier_reward_is_loaded_and_scores(tiny_classifier_dir):
+    from klppo.lm.reward import make_reward
+
+    reward = make_reward(f"classifier:{tiny_classifier_dir}:1")
+    scores = reward(["a", "b"], ["Emma was happy.", "Mr. Knightley was not happy at all."])
+    assert len(scores) == 2 and all(isinstance(s, float) for s in scores)
+
+
+def string_reward(prompts, responses):
+    return ["1.0"] * len(responses)
+
+
+#: what a user's reward function returns: (id, scores, needles of the error)
+BAD_SCORES = [
+    ("string", ["1.0"], ["reward <lambda>: score 0 is '1.0' (a str), not a number"]),
+    ("bool", [True], ["score 0 is True (a bool), not a number"]),
+    ("none", [None], ["score 0 is None (a NoneType)"]),
+    ("list", [[1.0]], ["score 0 is [1.0] (a list)"]),
+    ("nan", [float("nan")], ["score 0 is not finite (nan)"]),
+    ("inf-numpy", [np.float32("inf")], ["score 0 is not finite (inf)"]),
+    ("tensor-of-two", [torch.tensor([1.0, 2.0])], ["score 0 is tensor([1., 2.]) (a Tensor)"]),
+]
+
+
+@pytest.mark.parametrize("case", BAD_SCORES, ids=[c[0] for c in BAD_SCORES])
+def test_a_reward_that_is_not_a_finite_number_is_refused(case):
+    from klppo.lm.reward import checked
+
+    _, scores, needles = case
+    with pytest.raises(ValueError) as e:
+        checked(lambda p, r: scores, ["p"], ["r"])
+    for n in needles:
+        assert n in str(e.value)
+
+
+def test_numpy_and_torch_scalars_are_numbers():
+    from klppo.lm.reward import checked
+
+    got = checked(lambda p, r: [np.float32(0.5), torch.tensor(2.0), np.int64(3), 4],
+                  ["p"] * 4, ["r"] * 4)
+    assert got == [0.5, 2.0, 3.0, 4.0] and all(type(x) is float for x in got)
+
+
+def test_a_run_whose_reward_returns_strings_fails_in_one_line_naming_it(tiny_model_dir,
+                                                                        tmp_path):
+    from klppo.lm.config import RLHFConfig
+    from klppo.lm.rlhf import RLHFError, rlhf
+    from tests.lm.conftest import TINY
+
+    cfg = RLHFConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), **TINY)
+    with pytest.raises(RLHFError) as e:
+        rlhf(cfg, reward=string_reward)
+    assert "reward string_reward: score 0 is '1.0' (a str), not a number" in str(e.value)
+    assert "\n" not in str(e.value)
