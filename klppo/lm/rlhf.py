@@ -113,8 +113,10 @@ def _run(exp: Experiment, run_dir: Path, lock: R.DirLock, on_iteration: OnIterat
             raise
         except Exception as e:  # noqa: BLE001 - every failure ends as one named error
             it, e = (e.iteration, e.error) if isinstance(e, _IterationFailed) else (0, e)
-            msg = (f"iteration {it}: {type(e).__name__}: {_one_line(e)}; the last good "
-                   f"checkpoint (iteration {exp.saved_iteration}) is kept")
+            kept = (f"the last good checkpoint (iteration {exp.saved_iteration}) is kept"
+                    if exp.saved_iteration else "no checkpoint was written yet (a resume "
+                    "starts the run again)")
+            msg = f"iteration {it}: {type(e).__name__}: {_one_line(e)}; {kept}"
             R.write_status(run_dir, "failed", iteration=exp.iteration, error=msg,
                            checkpoint_iteration=exp.saved_iteration,
                            traceback=traceback.format_exc())
