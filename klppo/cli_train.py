@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Any
 
+from klppo.cli_common import say_error
+
 USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [FLAGS...]
        klppo train --resume RUN_DIR
 
@@ -149,7 +151,7 @@ def run_train(argv: list[str]) -> int:
     try:
         cfg = parse_train(argv)
     except _errors() as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+        say_error("train", e)
         return 2
     if isinstance(cfg, str):
         return _resume(cfg)
@@ -158,10 +160,10 @@ def run_train(argv: list[str]) -> int:
     try:
         result = train(cfg, on_iteration=_progress(cfg))
     except TrainingError as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+        say_error("train", e)
         return 1
     except _errors() as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+        say_error("train", e)
         return 2
     return _report(result)
 
@@ -173,10 +175,10 @@ def _resume(run_dir: str) -> int:
         cfg = read_run_config(run_dir)
         result = resume(run_dir, on_iteration=_progress(cfg))
     except TrainingError as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+        say_error("train", e)
         return 1
     except _errors() as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+        say_error("train", e)
         return 2
     return _report(result)
 
