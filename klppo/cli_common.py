@@ -13,13 +13,16 @@ import sys
 import warnings
 from typing import Any, NoReturn, TypeVar
 
-__all__ = ["BAD_INPUT", "FAILED", "OneLineParser", "FlagError", "parse_config_flags",
+__all__ = ["BAD_INPUT", "FAILED", "MAX_LINE", "OneLineParser", "FlagError", "parse_config_flags",
            "one_line", "say_error", "clock", "elapsed_eta"]
 
 T = TypeVar("T")
 
 #: exit status of bad input (before any work starts) and of a run that failed
 BAD_INPUT, FAILED = 2, 1
+#: the longest error line printed (values in messages are cut to a short repr already; this
+#: bounds whatever else a message quotes)
+MAX_LINE = 300
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -41,7 +44,9 @@ def one_line(err: BaseException | str) -> str:
 
 
 def say_error(command: str, err: BaseException | str) -> None:
-    print(f"klppo {command}: {one_line(err)}", file=sys.stderr)
+    """``klppo COMMAND: message`` on stderr, on one line of at most :data:`MAX_LINE` chars."""
+    line = f"klppo {command}: {one_line(err)}"
+    print(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...", file=sys.stderr)
 
 
 class NumericWarnings(list):

@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Any
 
+from klppo.cli_common import say_error
+
 USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [FLAGS...]
        klppo train --resume RUN_DIR
 
@@ -151,7 +153,7 @@ def run_train(argv: list[str]) -> int:
     try:
         cfg = parse_train(argv)
     except _errors() as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+        say_error("train", e)
         return 2
     if isinstance(cfg, str):
         return _resume(cfg)
@@ -162,10 +164,10 @@ def run_train(argv: list[str]) -> int:
         with NumericWarnings() as numeric:
             result = train(cfg, on_iteration=_progress(cfg))
     except TrainingError as e:
-        print(f"klppo train: {e}{numeric.suffix()}", file=sys.stderr)
+        say_error("train", f"{e}{numeric.suffix()}")
         return 1
     except _errors() as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+        say_error("train", e)
         return 2
     if numeric:
         print(f"klppo train: warning:{numeric.suffix()}", file=sys.stderr)
@@ -181,10 +183,10 @@ def _resume(run_dir: str) -> int:
         with NumericWarnings() as numeric:
             result = resume(run_dir, on_iteration=_progress(cfg))
     except TrainingError as e:
-        print(f"klppo train: {e}{numeric.suffix()}", file=sys.stderr)
+        say_error("train", f"{e}{numeric.suffix()}")
         return 1
     except _errors() as e:
-        print(f"klppo train: {e}", file=sys.stderr)
+        say_error("train", e)
         return 2
     if numeric:
         print(f"klppo train: warning:{numeric.suffix()}", file=sys.stderr)

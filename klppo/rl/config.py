@@ -7,6 +7,7 @@ are properties, never written back into the config.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import typing
@@ -18,7 +19,8 @@ from klppo.core.controllers import CONTROLLERS, ControllerName, StepPreset
 from klppo.core.loss import OBJECTIVES, KLEstimatorChoice
 from klppo.core.surrogates import SHAPES, SOFT_SHAPES, Shape
 from klppo.core.values import ValueLossKind
-from klppo.runs.typecheck import TypeCheckError, check_value
+from klppo.rl import bounds
+from klppo.runs.typecheck import TypeCheckError, check_value, short_repr
 
 Cadence = Literal["minibatch", "epoch", "iteration"]
 KLMeasure = Literal["last_minibatch", "epoch_mean", "rollout"]
@@ -228,7 +230,7 @@ class ConfigError(ValueError):
 
 
 def _bad(field_name: str, value: Any, why: str) -> ConfigError:
-    return ConfigError(f"{field_name}={value!r}: {why}")
+    return ConfigError(f"{field_name}={short_repr(value)}: {why}")
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
@@ -245,6 +247,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise _bad(name, v, "must be an integer >= 1")
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or not 0 <= cfg.seed < 2**32:
         raise _bad("seed", cfg.seed, "must be an integer in [0, 2**32)")
+    bounds.check(cfg)
     _validate_choices(cfg)
     _validate_numbers(cfg)
     _validate_kl(cfg)
@@ -305,8 +308,6 @@ def _validate_kl(cfg: TrainConfig) -> None:
         raise _bad("kl.measure", k.measure, "an epoch mean needs kl.cadence epoch or iteration")
     if cfg.net.separate_losses and not cfg.net.shared_trunk:
         raise _bad("net.separate_losses", True, "only applies with net.shared_trunk")
-    if any(h < 1 for h in cfg.net.hidden):
-        raise _bad("net.hidden", cfg.net.hidden, "layer sizes must be >= 1")
     try:  # the controller validates its own options (names the bad one)
         from klppo.core.controllers import make_controller
 
@@ -391,16 +392,19 @@ def from_dict(d: Any, base: TrainConfig | None = None, source: str = "config") -
     cfg = base if base is not None else TrainConfig()
     if not isinstance(d, dict):
         raise ConfigError(f"{source}: must be a mapping of config fields, got "
-                          f"{type(d).__name__} {_short(d)}")
+                          f"{type(d).__name__} {short_repr(d, 60)}")
     try:
         return _overlay(cfg, d, "")
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}" if source != "config" else str(e)) from None
 
 
-def _short(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
+def _known(name: str, known: list[str]) -> str:
+    """"; did you mean X?" and, when short, the known names (a message stays one short line)."""
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    listing = f"; known: {known}"
+    return hint + (listing if len(listing) <= 160 else " (klppo train --help lists them)")
 
 
 @functools.cache
@@ -415,7 +419,8 @@ def _overlay(obj: Any, d: dict[str, Any], prefix: str) -> Any:
     for key, value in d.items():
         name = str(key).replace("-", "_")
         if name not in fields:
-            raise ConfigError(f"{prefix}{key}: unknown config field; known: {sorted(fields)}")
+            raise ConfigError(f"{prefix}{str(key)[:60]}: unknown config field"
+                              f"{_known(name, sorted(fields))}")
         current = getattr(obj, name)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):

@@ -18,8 +18,8 @@ from gymnasium.vector import AutoresetMode
 
 from klppo.rl.vecenv import RestoreReport, SameStepVecEnv, generator_from_state
 
-__all__ = ["EnvError", "check_env", "make_vector_env", "env_state", "restore_env_state",
-           "RunningMeanStd", "ObsNormalizer", "RewardScaler"]
+__all__ = ["EnvError", "check_env", "space_problem", "make_vector_env", "env_state",
+           "restore_env_state", "RunningMeanStd", "ObsNormalizer", "RewardScaler"]
 
 #: gymnasium extra that provides an env family, for the error message of a failed import.
 _EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}
@@ -125,7 +125,40 @@ def check_env(env_id: str) -> str:
         except Exception as e:  # noqa: BLE001 - e.g. MUJOCO_GL naming a GL library not present
             raise EnvError(f"env={env_id!r}: importing its implementation failed "
                            f"({type(e).__name__}: {e})") from None
+    _check_env_spaces(env_id)
     return env_id
+
+
+def space_problem(obs_space: Any, act_space: Any) -> str | None:
+    """Why klppo's networks cannot take these spaces (None: they can): observations must be a
+    ``Box``, actions ``Discrete`` (from 0) or ``Box``."""
+    from gymnasium import spaces
+
+    if not isinstance(obs_space, spaces.Box):
+        return (f"observation space {obs_space} is not a Box (klppo's networks take vectors of "
+                f"numbers; wrap the env to give it one, e.g. a one-hot Box)")
+    if isinstance(act_space, spaces.Discrete) and int(act_space.start) != 0:
+        return f"action space {act_space} does not start at 0"
+    if not isinstance(act_space, (spaces.Discrete, spaces.Box)):
+        return f"action space {act_space} is not Discrete or Box"
+    return None
+
+
+def _check_env_spaces(env_id: str) -> None:
+    """Make the env once (then close it) and refuse spaces klppo cannot train on."""
+    try:
+        env = gym.make(env_id)
+    except (ImportError, gym.error.DependencyNotInstalled) as e:
+        raise _missing_extra(env_id, e) from None
+    except Exception as e:  # noqa: BLE001 - a user's env failing in its constructor
+        raise EnvError(f"env={env_id!r}: cannot be created ({type(e).__name__}: "
+                       f"{str(e)[:160]})") from None
+    try:
+        problem = space_problem(env.observation_space, env.action_space)
+    finally:
+        env.close()
+    if problem is not None:
+        raise EnvError(f"env={env_id!r}: {problem}")
 
 
 def make_vector_env(

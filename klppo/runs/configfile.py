@@ -3,7 +3,9 @@
 * :func:`read_text`: a UTF-8 text file, or :class:`InputFileError` (missing, a directory,
   unreadable, not UTF-8).
 * :func:`read_config_file`: a YAML mapping of ``field: value``. YAML 1.2 numbers: ``1e-4`` is the
-  float 1e-4 (PyYAML's YAML 1.1 rules read it as the string ``"1e-4"``).
+  float 1e-4 (PyYAML's YAML 1.1 rules read it as the string ``"1e-4"``). A key given twice in
+  one mapping, aliases that expand to more than :data:`MAX_YAML_NODES` values (a "billion
+  laughs" document), a recursive alias and nesting too deep to read are refused.
 * :func:`overlay`: a mapping onto a dataclass instance; unknown fields and values of the wrong
   type (:func:`klppo.runs.typecheck.check_value`) are errors naming the field and the value.
 """
@@ -20,10 +22,10 @@ from typing import Any, TypeVar
 
 import yaml
 
-from klppo.runs.typecheck import TypeCheckError, check_value
+from klppo.runs.typecheck import TypeCheckError, check_value, short_repr
 
-__all__ = ["InputError", "InputFileError", "UnknownFieldError", "read_text", "parse_yaml",
-           "read_config_file", "overlay", "field_hints"]
+__all__ = ["MAX_YAML_NODES", "InputError", "InputFileError", "UnknownFieldError", "read_text",
+           "parse_yaml", "read_config_file", "overlay", "field_hints"]
 
 T = TypeVar("T")
 
@@ -40,8 +42,63 @@ class UnknownFieldError(TypeCheckError):
     """A config key that is not a field of the config; the message names it and its value."""
 
 
+#: the most values (scalars, lists, mappings) a YAML document may hold once its aliases are
+#: expanded; a config or sweep spec holds a few hundred, an alias bomb billions
+MAX_YAML_NODES = 100_000
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads YAML 1.2 exponent floats without a dot (``1e-4``, ``3E5``)."""
+    """SafeLoader that also reads YAML 1.2 exponent floats without a dot (``1e-4``, ``3E5``),
+    refuses a key given twice in one mapping and a document whose aliases expand beyond
+    :data:`MAX_YAML_NODES` values (or into themselves)."""
+
+    def get_single_node(self):  # type: ignore[no-untyped-def]
+        node = super().get_single_node()
+        if node is not None:
+            _check_size(node)
+        return node
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, typing.Hashable):
+                    continue  # SafeConstructor refuses it with its own words
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {short_repr(key)} (a key may appear once "
+                        f"in a mapping)", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_size(root: yaml.Node) -> None:
+    """Refuse a node graph that expands to more than MAX_YAML_NODES values, or into itself."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            if sizes[id(node)] < 0:
+                raise yaml.composer.ComposerError(None, None, "a recursive alias (a value "
+                                                  "that contains itself)", node.start_mark)
+            return sizes[id(node)]
+        if not isinstance(node, yaml.CollectionNode):
+            return 1
+        sizes[id(node)] = -1
+        items = node.value if isinstance(node, yaml.SequenceNode) else \
+            [n for pair in node.value for n in pair]
+        total = 1 + sum(size(n) for n in items)
+        if total > MAX_YAML_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"its aliases expand to more than {MAX_YAML_NODES:,} values",
+                node.start_mark)
+        sizes[id(node)] = total
+        return total
+
+    size(root)
 
 
 _Loader.add_implicit_resolver(
@@ -74,6 +131,8 @@ def parse_yaml(text: str, what: str) -> Any:
     valid YAML at line L, column C: problem`` otherwise."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise InputError(f"{what}: not valid YAML: nested too deeply to read") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

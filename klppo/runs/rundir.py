@@ -120,14 +120,38 @@ def create_run_dir(path: str | Path, unique: bool = False) -> Path:
             except OSError as e:
                 raise OSError(e.errno, e.strerror, str(candidate)) from None
         raise FileExistsError(f"out={str(p)!r}: no free run name")
-    if (p / "metrics.jsonl").exists():
-        raise FileExistsError(f"out={str(p)!r} already holds a run; use --resume {p} to continue "
-                              f"it or choose another --out")
+    _check_reusable(p)
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OSError(e.errno, e.strerror, str(p)) from None
     return p
+
+
+#: the files of a run directory (any of them: a run lives there)
+RUN_FILES = ("metrics.jsonl", "config.yaml", "checkpoint.pt", "metadata.json", "status.json")
+
+
+def _check_reusable(p: Path) -> None:
+    """Refuse an existing directory that holds a run (even one without metrics yet) or anything
+    else that is not ours; allow a new or empty one, or one with only the lock and temp files
+    of a start that was killed before it wrote its config."""
+    if not p.is_dir():
+        return
+    names = sorted(c.name for c in p.iterdir())
+    held = [n for n in RUN_FILES if n in names]
+    if "metrics.jsonl" in held:
+        raise FileExistsError(f"out={str(p)!r} already holds a run; use --resume {p} to continue "
+                              f"it or choose another --out")
+    if held:
+        raise FileExistsError(f"out={str(p)!r} holds a run that has no metrics yet "
+                              f"({', '.join(held)}); use --resume {p} to continue it or choose "
+                              f"another --out")
+    other = [n for n in names if n != ".lock" and not (n.startswith(".") and ".tmp" in n)]
+    if other:
+        raise FileExistsError(f"out={str(p)!r} is not empty ({len(other)} entries, e.g. "
+                              f"{other[0][:60]!r}) and not a klppo run; choose a new or empty "
+                              f"directory")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

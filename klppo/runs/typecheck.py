@@ -11,7 +11,17 @@ import types
 import typing
 from typing import Any, Literal
 
-__all__ = ["TypeCheckError", "check_value", "describe"]
+__all__ = ["TypeCheckError", "check_value", "describe", "short_repr"]
+
+#: the longest repr of a value that an error message quotes (a message stays one short line)
+REPR_LIMIT = 80
+
+
+def short_repr(value: Any, limit: int = REPR_LIMIT) -> str:
+    """``repr(value)``, cut to ``limit`` characters with ``...`` (a huge value in a message
+    would make its "one line" unreadable)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class TypeCheckError(ValueError):
@@ -74,5 +84,5 @@ def check_value(field_name: str, value: Any, ann: Any) -> Any:
     """``value`` converted to ``ann`` (int -> float, list -> tuple), or :class:`TypeCheckError`."""
     out = _convert(value, ann)
     if out is _NO:
-        raise TypeCheckError(f"{field_name}={value!r}: must be {describe(ann)}")
+        raise TypeCheckError(f"{field_name}={short_repr(value)}: must be {describe(ann)}")
     return out

@@ -77,3 +77,30 @@ class HugeReward(Counter):
 
 
 gym.register("KlppoTest/HugeReward-v0", entry_point=HugeReward)
+
+
+class Spaces(Counter):
+    """Counter with other observation and action spaces (klppo refuses those it cannot train)."""
+
+    def __init__(self, obs=None, act=None) -> None:
+        super().__init__()
+        self.observation_space = obs or self.observation_space
+        self.action_space = act or self.action_space
+
+
+gym.register("KlppoTest/ActionFromOne-v0", entry_point=Spaces,
+             kwargs={"act": spaces.Discrete(3, start=1)})
+gym.register("KlppoTest/DictObs-v0", entry_point=Spaces,
+             kwargs={"obs": spaces.Dict({"x": spaces.Box(-1, 1, (2,))})})
+gym.register("KlppoTest/MultiDiscreteAction-v0", entry_point=Spaces,
+             kwargs={"act": spaces.MultiDiscrete([2, 3])})
+
+
+class Unbuildable(Counter):
+    """Fails in its constructor (a user's env with a bug)."""
+
+    def __init__(self) -> None:
+        raise RuntimeError("cannot open the simulator " + "x" * 1000)
+
+
+gym.register("KlppoTest/Unbuildable-v0", entry_point=Unbuildable)

@@ -44,7 +44,45 @@ FLAGS = {
     "unknown_env": (["--env", "CartPol-v1"], "did you mean CartPole-v1"),
     "unknown_env_module": (["--env", "no_such_module_xyz:Foo-v0"], "no_such_module_xyz"),
     "unknown_preset": (["--preset", "klip/nope"], "preset='klip/nope'"),
+    # non-finite floats anywhere (issue 19: nan blamed the env and named a missing checkpoint)
+    "log_std_init_nan": (["--net.log-std-init", "nan"], "net.log_std_init=nan"),
+    "log_std_init_inf": (["--net.log-std-init", "-inf"], "net.log_std_init=-inf"),
+    "monitor_high_inf": (["--kl.monitor-high", "inf"], "kl.monitor_high=inf"),
+    "beta_nan": (["--objective", "kl_penalty", "--kl.beta", "nan"], "kl.beta=nan"),
+    "gamma_nan": (["--ppo.gamma", "nan"], "ppo.gamma=nan"),
+    # sizes beyond the stated bounds (hang in weight init, MemoryError)
+    "hidden_huge": (["--net.hidden", "100000000"], "net.hidden=(100000000,)"),
+    "hidden_too_many_weights": (["--net.hidden", "8192", "8192", "8192"],
+                                "134,217,728 weights between hidden layers"),
+    "num_envs_huge": (["--rollout.num-envs", "100000000"], "rollout.num_envs=100000000"),
+    "num_steps_huge": (["--rollout.num-steps", "10000000000"], "rollout.num_steps=10000000000"),
+    "rollout_too_large": (["--rollout.num-envs", "1024", "--rollout.num-steps", "4096"],
+                          "rollout.num_envs * rollout.num_steps=4194304"),
+    "total_steps_huge": (["--total-steps", str(10**13)], "total_steps=10000000000000"),
+    "torch_threads_huge": (["--torch-threads", "100000"], "torch_threads=100000"),
+    # multi-agent settings on a single-agent env (were ignored)
+    "marl_policies_single_agent": (["--marl.policies", "a=b"], "marl.policies=('a=b',)"),
+    "marl_overrides_single_agent": (["--marl.overrides", "a:ppo.lr=0.1"], "marl.overrides="),
+    "marl_env_kwargs_single_agent": (["--marl.env-kwargs", "max_cycles=25"],
+                                     "marl.env_kwargs=('max_cycles=25',)"),
+    # spaces klppo's networks cannot take (were numpy's or Python's words and a run directory)
+    "frozenlake": (["--env", "FrozenLake-v1"], "observation space Discrete(16) is not a Box"),
+    "cliffwalking": (["--env", "CliffWalking-v1"], "observation space Discrete(48) is not a Box"),
+    "cliffwalking_v0": (["--env", "CliffWalking-v0"], "did you mean CliffWalking-v1"),
+    "blackjack": (["--env", "Blackjack-v1"], "observation space Tuple(Discrete(32)"),
+    "dict_observation": (["--env", "tests.rl.envs_for_tests:KlppoTest/DictObs-v0"],
+                         "observation space Dict("),
+    "action_from_one": (["--env", "tests.rl.envs_for_tests:KlppoTest/ActionFromOne-v0"],
+                        "action space Discrete(3, start=1) does not start at 0"),
+    "multidiscrete_action": (["--env", "tests.rl.envs_for_tests:KlppoTest/MultiDiscreteAction-v0"],
+                             "action space MultiDiscrete([2 3]) is not Discrete or Box"),
+    "env_constructor_fails": (["--env", "tests.rl.envs_for_tests:KlppoTest/Unbuildable-v0"],
+                              "cannot be created (RuntimeError: cannot open the simulator"),
 }
+
+#: a "billion laughs" document: 9 levels of 9 aliases (9**8 strings once expanded)
+BOMB = "a: &a [lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
 
 #: name -> (YAML text or bytes for --config, text the message must contain)
 YAML = {
@@ -63,6 +101,16 @@ YAML = {
     "tabs": ("ppo:\n\tlr: 1\n", "not valid YAML"),
     "not_utf8": (b"ppo:\n  lr: \xff\xfe\n", "not UTF-8"),
     "value_out_of_range": ("ppo:\n  gamma: -0.5\n", "ppo.gamma=-0.5"),
+    # duplicate keys (the last won silently), alias bombs, recursion, huge values
+    "duplicate_key": ("ppo:\n  lr: 0.1\n  lr: 0.2\n", "duplicate key 'lr'"),
+    "duplicate_section": ("ppo:\n  lr: 0.1\nppo:\n  eps: 0.1\n", "duplicate key 'ppo'"),
+    "duplicate_top_key": ("seed: 1\nseed: 2\n", "line 2, column 1: duplicate key 'seed'"),
+    "alias_bomb": (BOMB + "ppo:\n  lr: *i\n", "aliases expand to more than 100,000 values"),
+    "recursive_alias": ("net:\n  hidden: &h [*h]\n", "a recursive alias"),
+    "nested_too_deep": ("ppo: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),
+    "huge_value": ("ppo:\n  lr: " + "x" * 100_000 + "\n", "ppo.lr='xxxx"),
+    "nan_float": ("net:\n  log_std_init: .nan\n", "net.log_std_init=nan"),
+    "marl_on_single_agent": ("marl:\n  policies: [a=b]\n", "marl.policies=('a=b',)"),
 }
 
 
@@ -75,6 +123,7 @@ def run(argv, capsys):
 def assert_one_line(code, err, expect):
     assert code == 2, err
     assert len(err.splitlines()) == 1, err
+    assert len(err) <= 300, f"{len(err)} characters: {err[:400]}"
     assert err.startswith("klppo train: ") and "Traceback" not in err
     assert expect in err, err
 
@@ -96,7 +145,8 @@ def test_bad_yaml_config(tmp_path, capsys, name):
     out = tmp_path / "run"
     code, err = run(["train", *GOOD, "--config", str(cfg), "--out", str(out)], capsys)
     assert_one_line(code, err, expect)
-    if name != "value_out_of_range":  # a range is checked after the flags (which may fix it)
+    if name not in ("value_out_of_range", "nan_float", "marl_on_single_agent"):
+        # a range is checked after the flags (which may fix it)
         assert str(cfg) in err
     assert not out.exists()
 
@@ -112,6 +162,16 @@ def _paths(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     bad_cfg = tmp_path / "bad_cfg"
     bad_cfg.mkdir()
     (bad_cfg / "config.yaml").write_text("ppo:\n  lr: fast\n")
+    started = tmp_path / "started"  # a run killed before its first metrics line
+    started.mkdir()
+    (started / "config.yaml").write_text("seed: 5\n")
+    (started / "checkpoint.pt").write_bytes(b"weights")
+    meta_only = tmp_path / "meta_only"
+    meta_only.mkdir()
+    (meta_only / "metadata.json").write_text("{}")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("years of work")
     return {
         "config_missing": (["train", *GOOD, "--config", str(tmp_path / "nope.yaml")],
                            "nope.yaml': no such file"),
@@ -126,26 +186,54 @@ def _paths(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "resume_bad_config": (["train", "--resume", str(bad_cfg)], "ppo.lr='fast'"),
         "resume_with_flags": (["train", "--resume", str(done), "--seed", "3"],
                               "--resume takes no other flags"),
+        "out_empty": (["train", *GOOD, "--out", ""], "out='': must name a directory"),
+        "runs_root_blank": (["train", *GOOD, "--runs-root", " "], "runs_root=' '"),
+        "out_holds_a_run_without_metrics": (["train", *GOOD, "--out", str(started)],
+                                            "holds a run that has no metrics yet "
+                                            "(config.yaml, checkpoint.pt)"),
+        "out_holds_only_metadata": (["train", *GOOD, "--out", str(meta_only)],
+                                    "holds a run that has no metrics yet (metadata.json)"),
+        "out_not_empty": (["train", *GOOD, "--out", str(foreign)],
+                          "is not empty (1 entries, e.g. 'thesis.tex')"),
     }
 
 
 PATH_CASES = ["config_missing", "config_is_directory", "out_is_a_file", "out_under_a_file",
               "out_holds_a_run", "out_not_writable", "resume_missing", "resume_a_file",
-              "resume_not_a_run", "resume_bad_config", "resume_with_flags"]
+              "resume_not_a_run", "resume_bad_config", "resume_with_flags", "out_empty",
+              "runs_root_blank", "out_holds_a_run_without_metrics", "out_holds_only_metadata",
+              "out_not_empty"]
 
 
 @pytest.mark.parametrize("name", PATH_CASES)
-def test_bad_path(tmp_path, capsys, name):
+def test_bad_path(tmp_path, capsys, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)  # a default run directory would land here
     argv, expect = _paths(tmp_path)[name]
-    before = sorted(p.name for p in tmp_path.rglob("*"))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    dirs = sorted(p.name for p in tmp_path.rglob("*"))
     code, err = run(argv, capsys)
     assert_one_line(code, err, expect)
-    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing created
+    assert sorted(p.name for p in tmp_path.rglob("*")) == dirs  # nothing created
+    assert {p: p.read_bytes() for p in before} == before  # nothing overwritten
+
+
+def test_out_may_be_an_empty_directory_or_one_a_killed_start_left(tmp_path, capsys):
+    """The refusals above do not refuse what is ours: an empty directory, or one holding only
+    the lock (and a temp file) of a start killed before it wrote its config."""
+    for name, files in (("empty", []), ("killed", [".lock", ".config.yaml.tmp123"])):
+        out = tmp_path / name
+        out.mkdir()
+        for f in files:
+            (out / f).write_text("")
+        code = main(["train", *GOOD, "--total-steps", "512", "--rollout.num-steps", "128",
+                     "--out", str(out)])
+        assert code == 0, capsys.readouterr().err
+        assert (out / "metrics.jsonl").exists()
 
 
 def test_the_table_is_large(tmp_path):
     """The families of the issue, each with its members (kept honest as the table grows)."""
-    assert len(FLAGS) + len(YAML) + len(PATH_CASES) >= 55
+    assert len(FLAGS) + len(YAML) + len(PATH_CASES) >= 94
 
 
 def test_real_subprocess_prints_one_line(tmp_path):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from klppo.rl import config as C
-from klppo.rl.envs import EnvError
+from klppo.rl.envs import EnvError, space_problem
 from klppo.runs.configfile import InputError, merge_nested, parse_yaml
 
 __all__ = ["PREFIX", "is_multiagent", "env_kwargs", "make_parallel_env", "map_policies",
@@ -168,8 +168,6 @@ def _same_space(env: Any, policy: str, agents: list[str], what: str) -> Any:
 
 def check_multiagent(cfg: C.TrainConfig) -> MultiAgentSpec:
     """Make the env once and check everything a multi-agent run needs (before any directory)."""
-    from gymnasium import spaces
-
     env = make_parallel_env(cfg)
     try:
         agents = list(env.possible_agents)
@@ -178,12 +176,9 @@ def check_multiagent(cfg: C.TrainConfig) -> MultiAgentSpec:
         for p, mine in policies.items():
             obs[p] = _same_space(env, p, mine, "observation")
             act[p] = _same_space(env, p, mine, "action")
-            if not isinstance(obs[p], spaces.Box):
-                raise EnvError(f"env={cfg.env!r}: policy {p!r}: observation space {obs[p]} is "
-                               f"not a Box")
-            if not isinstance(act[p], (spaces.Box, spaces.Discrete)):
-                raise EnvError(f"env={cfg.env!r}: policy {p!r}: action space {act[p]} is not "
-                               f"Discrete or Box")
+            problem = space_problem(obs[p], act[p])
+            if problem is not None:
+                raise EnvError(f"env={cfg.env!r}: policy {p!r}: {problem}")
     finally:
         env.close()
     if cfg.rollout.vectorization == "async":

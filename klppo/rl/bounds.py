@@ -1,0 +1,94 @@
+"""Bounds on a training config beyond its fields' own ranges: every float finite, sizes that fit
+in memory, output paths that name a directory, and multi-agent settings only where they apply.
+
+Called by :func:`klppo.rl.config.validate`; every problem is a
+:class:`~klppo.rl.config.ConfigError` naming the field and the value. The bounds and why are in
+docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from klppo.runs.typecheck import short_repr
+
+__all__ = ["check", "MAX_NUM_ENVS", "MAX_ROLLOUT", "MAX_LAYER", "MAX_HIDDEN_WEIGHTS",
+           "MAX_TOTAL_STEPS", "MAX_TORCH_THREADS"]
+
+MAX_NUM_ENVS = 1024
+"""environments of one run (each is a live env object in this process)"""
+MAX_ROLLOUT = 2**21
+"""samples per rollout, num_envs * num_steps (the largest preset uses 16,384)"""
+MAX_LAYER = 16_384
+"""units of one hidden layer"""
+MAX_HIDDEN_WEIGHTS = 2**25
+"""weights between the hidden layers of one network (128 MiB of float32)"""
+MAX_TOTAL_STEPS = 10**12
+MAX_TORCH_THREADS = 1024
+
+
+def _bad(name: str, value: Any, why: str) -> ValueError:
+    from klppo.rl.config import ConfigError
+
+    return ConfigError(f"{name}={short_repr(value)}: {why}")
+
+
+def check(cfg: Any) -> None:
+    """Raise ConfigError for the first value out of these bounds."""
+    _check_finite(cfg, "")
+    _check_sizes(cfg)
+    _check_paths(cfg)
+    _check_marl(cfg)
+
+
+def _check_finite(obj: Any, prefix: str) -> None:
+    """Every float anywhere in the config is finite (a NaN would surface as a broken run)."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            _check_finite(v, f"{prefix}{f.name}.")
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise _bad(prefix + f.name, v, "must be a finite number")
+
+
+def _check_sizes(cfg: Any) -> None:
+    r, hidden = cfg.rollout, cfg.net.hidden
+    for name, v, top in (("rollout.num_envs", r.num_envs, MAX_NUM_ENVS),
+                         ("rollout.num_steps", r.num_steps, MAX_ROLLOUT),
+                         ("total_steps", cfg.total_steps, MAX_TOTAL_STEPS),
+                         ("torch_threads", cfg.torch_threads, MAX_TORCH_THREADS)):
+        if v > top:
+            raise _bad(name, v, f"must be at most {top:,}")
+    if cfg.batch_size > MAX_ROLLOUT:
+        raise _bad("rollout.num_envs * rollout.num_steps", cfg.batch_size,
+                   f"a rollout may hold at most {MAX_ROLLOUT:,} samples")
+    if any(h < 1 or h > MAX_LAYER for h in hidden):
+        raise _bad("net.hidden", hidden, f"layer sizes must be in [1, {MAX_LAYER:,}]")
+    weights = sum(a * b for a, b in zip(hidden, hidden[1:]))
+    if weights > MAX_HIDDEN_WEIGHTS:
+        raise _bad("net.hidden", hidden, f"{weights:,} weights between hidden layers; at most "
+                   f"{MAX_HIDDEN_WEIGHTS:,}")
+
+
+def _check_paths(cfg: Any) -> None:
+    for name, v in (("out", cfg.out), ("runs_root", cfg.runs_root)):
+        if v is not None and (not v.strip() or "\0" in v):
+            unset = " (or unset, for a default name)" if name == "out" else ""
+            raise _bad(name, v, f"must name a directory{unset}")
+
+
+def _check_marl(cfg: Any) -> None:
+    """Multi-agent settings on a single-agent env would be ignored: refused instead."""
+    from klppo.rl.config import MarlConfig
+    from klppo.rl.marl.spec import is_multiagent
+
+    if is_multiagent(cfg.env):
+        return
+    default = MarlConfig()
+    for f in dataclasses.fields(default):
+        if getattr(cfg.marl, f.name) != getattr(default, f.name):
+            raise _bad(f"marl.{f.name}", getattr(cfg.marl, f.name),
+                       f"multi-agent settings apply only to a pettingzoo:MODULE env, not "
+                       f"env={cfg.env!r}")
