@@ -24,7 +24,8 @@ import yaml
 
 from klppo.runs.typecheck import TypeCheckError, check_value, short_repr
 
-__all__ = ["MAX_YAML_NODES", "InputError", "InputFileError", "UnknownFieldError", "read_text", "parse_yaml",
+__all__ = ["MAX_YAML_NODES", "InputError",
+           "InputFileError", "UnknownFieldError", "read_text", "parse_yaml",
            "read_config_file", "overlay", "field_hints"]
 
 T = TypeVar("T")
