@@ -71,13 +71,18 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if argv and argv[0] in PASSTHROUGH:
-        module, _, func = PASSTHROUGH[argv[0]].partition(":")
-        return getattr(importlib.import_module(module), func)(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func: Callable[[argparse.Namespace], int] = args.func
-    return func(args)
+    try:
+        if argv and argv[0] in PASSTHROUGH:
+            module, _, func = PASSTHROUGH[argv[0]].partition(":")
+            return getattr(importlib.import_module(module), func)(argv[1:])
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        run: Callable[[argparse.Namespace], int] = args.func
+        return run(args)
+    except KeyboardInterrupt:  # Ctrl-C before a command took over the signal (imports, parsing)
+        name = argv[0] if argv and not argv[0].startswith("-") else "klppo"
+        print(f"klppo {name}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

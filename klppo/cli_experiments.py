@@ -9,8 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 
 class FlagError(ValueError):
     """A malformed command-line value; the message starts with ``--flag=value:``."""
@@ -32,10 +30,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--preset", help="base preset (with flags instead of --spec)")
     p.add_argument("--objectives", nargs="+", help="one condition per objective")
     p.add_argument("--seeds", nargs="+", type=int, help="seeds (default 0 1 2)")
-    p.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
-                   help="base overrides, e.g. total_steps=50000 ppo.lr=0.001")
-    p.add_argument("--grid", nargs="+", default=[], metavar="FIELD=V1,V2",
-                   help="grid axes, e.g. kl.target=0.01,0.02")
+    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
+                   help="base overrides, e.g. total_steps=50000 ppo.lr=0.001 (may be repeated)")
+    p.add_argument("--grid", nargs="+", action="extend", default=[], metavar="FIELD=V1,V2",
+                   help="grid axes, e.g. kl.target=0.01,0.02 (may be repeated)")
+    p.add_argument("--max-runs", type=int, default=None, metavar="N",
+                   help="allow a sweep of more than 10,000 runs (default: refused)")
     p.add_argument("--backend", choices=["local", "ray"], default="local")
     p.add_argument("--workers", type=int, help="parallel runs (local; default: one per core)")
     p.set_defaults(func=cmd_sweep)
@@ -61,11 +61,20 @@ def _one_line(e: BaseException) -> str:
 
 
 def _value(flag: str, item: str, text: str) -> Any:
+    """A flag's value read as YAML, as a config file's would be (``1e-4`` is a float)."""
+    from klppo.runs.configfile import InputError, parse_yaml
+
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
+        return parse_yaml(text, "value")
+    except InputError as e:
         raise FlagError(f"{flag}={item!r}: {text!r} is not a YAML value ({_one_line(e)})") \
             from None
+
+
+def _once(flag: str, item: str, key: str, seen: dict[str, Any]) -> None:
+    """A field may be given once per flag (the last would silently win)."""
+    if key in seen:
+        raise FlagError(f"{flag}={item!r}: {key} is given twice; give each field once")
 
 
 def _key_value(flag: str, item: str, form: str) -> tuple[str, str]:
@@ -87,22 +96,26 @@ def spec_from_args(args: argparse.Namespace):
             spec.conditions = {o: {"objective": o} for o in args.objectives}
     if args.seeds is not None:
         spec.seeds = list(args.seeds)
-    spec.base = dict(spec.base or {})
+    spec.base, sets = dict(spec.base or {}), {}
     for item in args.set:
         key, val = _key_value("--set", item, "FIELD=VALUE")
-        spec.base[key] = _value("--set", item, val)
-    spec.grid = dict(spec.grid or {})
+        _once("--set", item, key, sets)
+        spec.base[key] = sets[key] = _value("--set", item, val)
+    spec.grid, grids = dict(spec.grid or {}), {}
     for item in args.grid:
         key, vals = _key_value("--grid", item, "FIELD=V1,V2")
         if any(not v.strip() for v in vals.split(",")):
             raise FlagError(f"--grid={item!r}: expected FIELD=V1,V2 (an empty value)")
-        spec.grid[key] = [_value("--grid", item, v) for v in vals.split(",")]
+        _once("--grid", item, key, grids)
+        spec.grid[key] = grids[key] = [_value("--grid", item, v) for v in vals.split(",")]
     return spec.check()
 
 
-def check_run_flags(workers: int | None, out: str) -> None:
+def check_run_flags(workers: int | None, out: str, max_runs: int | None = None) -> None:
     if workers is not None and workers < 1:
         raise FlagError(f"--workers={workers}: must be >= 1 (parallel runs)")
+    if max_runs is not None and max_runs < 1:
+        raise FlagError(f"--max-runs={max_runs}: must be >= 1")
     if Path(out).exists() and not Path(out).is_dir():
         raise FlagError(f"--out={out!r}: exists and is not a directory")
 
@@ -137,35 +150,40 @@ def _summary(res, out: str) -> int:
     return 1 if res.unfinished else 0
 
 
-def _run_sweep(spec, out: str, backend: str, workers: int | None) -> int:
-    from klppo.experiments.sweep import expand, run_sweep
+def _run_sweep(spec, out: str, backend: str, workers: int | None,
+               max_runs: int | None = None) -> int:
+    from klppo.experiments.sweep import MAX_RUNS, expand, run_sweep
 
-    n = len(expand(spec))
+    limit = max_runs or MAX_RUNS
+    n = len(expand(spec, limit))
     print(f"sweep: {n} runs into {out} (backend {backend})", flush=True)
-    res = run_sweep(spec, out, backend=backend, workers=workers, on_done=_progress(n))
+    res = run_sweep(spec, out, backend=backend, workers=workers, on_done=_progress(n),
+                    max_runs=limit)
     return _summary(res, out)
 
 
 def _guarded(command: str, body: Callable[[], int]) -> int:
     """Run ``body``; bad input and a busy directory are one line on stderr and exit code 2."""
+    from klppo.cli_common import say_error
     from klppo.rl.config import ConfigError
+    from klppo.runs.configfile import InputError
     from klppo.runs.rundir import DirBusyError
 
     try:
         return body()
-    except (FlagError, ConfigError, DirBusyError, OSError) as e:
-        print(f"klppo {command}: {_one_line(e)}", file=sys.stderr)
+    except (FlagError, ConfigError, InputError, DirBusyError, OSError) as e:
+        say_error(command, e)
         return 2
     except KeyboardInterrupt:  # before the sweep took over the signal
-        print(f"klppo {command}: interrupted", file=sys.stderr)
+        say_error(command, "interrupted")
         return 130
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     def body() -> int:
         spec = spec_from_args(args)
-        check_run_flags(args.workers, args.out)
-        return _run_sweep(spec, args.out, args.backend, args.workers)
+        check_run_flags(args.workers, args.out, args.max_runs)
+        return _run_sweep(spec, args.out, args.backend, args.workers, args.max_runs)
     return _guarded("sweep", body)
 
 

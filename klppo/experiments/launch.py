@@ -93,7 +93,7 @@ def outcome(job: Job, rc: int) -> dict[str, Any]:
     if state in ("finished", "interrupted"):
         return {"state": state, "error": None, "wall_s": wall}
     tail = _log_tail(job)
-    if state == "failed":
+    if state == "failed" and not _stopped_while_starting(job, status):
         return {"state": "failed", "error": status.get("error"),
                 "traceback": status.get("traceback"), "wall_s": wall}
     if job.stop_level and rc != BUSY_EXIT:
@@ -105,6 +105,13 @@ def outcome(job: Job, rc: int) -> dict[str, Any]:
     if rc != BUSY_EXIT:
         R.write_status(job.run_dir, "failed", error=err, traceback=tail)
     return {"state": "failed", "error": err, "traceback": tail, "wall_s": wall}
+
+
+def _stopped_while_starting(job: Job, status: dict[str, Any]) -> bool:
+    """A run asked to stop that then failed to start (building its envs, importing their
+    modules): the signal broke the start, so it is interrupted, not failed; its next launch
+    starts it again and reports a real problem then."""
+    return bool(job.stop_level) and str(status.get("error", "")).startswith("cannot start")
 
 
 def _interruptible() -> None:

@@ -21,6 +21,7 @@ Backends: ``local`` (default) runs at most ``workers`` processes at once on this
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -31,14 +32,23 @@ from typing import Any, Literal
 
 from klppo.experiments.launch import run_one
 from klppo.experiments.pool import Done, SweepStop, run_local, signals_to
-from klppo.experiments.sweep_spec import DEMO_SPEC, RunPlan, SweepSpec, expand, load_spec
+from klppo.experiments.sweep_spec import (
+    DEMO_SPEC,
+    MAX_RUNS,
+    RunPlan,
+    SweepSpec,
+    expand,
+    load_spec,
+)
 from klppo.rl import config as C
 from klppo.runs import rundir as R
+from klppo.runs.configfile import InputError, read_text
+from klppo.runs.typecheck import short_repr
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SweepSpec", "RunEntry", "SweepResult", "SweepStop", "expand", "load_spec",
-           "run_sweep", "run_one", "DEMO_SPEC"]
+           "run_sweep", "run_one", "DEMO_SPEC", "MAX_RUNS"]
 
 Backend = Literal["local", "ray"]
 
@@ -99,7 +109,13 @@ def _open_sweep_dir(sweep_dir: Path, spec: SweepSpec) -> R.DirLock:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     lock = R.DirLock(sweep_dir, "sweep directory").acquire()
     spec_path, spec_dict = sweep_dir / "spec.yaml", dataclasses.asdict(spec)
-    if spec_path.exists() and R.read_yaml(spec_path) != spec_dict:
+    try:
+        old = R.read_yaml(spec_path, "spec") if spec_path.exists() else spec_dict
+    except InputError as e:
+        lock.release()
+        raise C.ConfigError(f"{e}; this sweep directory's spec is damaged (choose another "
+                            f"--out, or restore or delete the file)") from None
+    if old != spec_dict:
         lock.release()
         raise C.ConfigError(f"out={str(sweep_dir)!r}: holds a different sweep spec; choose "
                             f"another directory or delete it")
@@ -108,15 +124,33 @@ def _open_sweep_dir(sweep_dir: Path, spec: SweepSpec) -> R.DirLock:
     return lock
 
 
+def _status(run_dir: Path) -> dict[str, Any]:
+    """A run's status.json ({} when there is none); a damaged one is a ConfigError naming it."""
+    path = run_dir / "status.json"
+    if not path.exists():
+        return {}
+    try:
+        st = json.loads(read_text(path, "status"))
+    except InputError as e:
+        raise C.ConfigError(str(e)) from None
+    except ValueError as e:
+        raise C.ConfigError(f"status={str(path)!r}: not valid JSON ({e}); restore or delete "
+                            f"it (the run then resumes from its checkpoint)") from None
+    if not isinstance(st, dict) or not isinstance(st.get("state", ""), str):
+        raise C.ConfigError(f"status={str(path)!r}: {short_repr(st, 60)} is not a run status; "
+                            f"restore or delete it (the run then resumes from its checkpoint)")
+    return st
+
+
 def _prepare(sweep_dir: Path, planned: list[RunPlan]) -> list[RunEntry]:
+    statuses = [_status(sweep_dir / "runs" / plan.name) for plan in planned]  # before writing
     entries = []
-    for plan in planned:
+    for plan, st in zip(planned, statuses):
         run_dir = sweep_dir / "runs" / plan.name
         run_dir.mkdir(exist_ok=True)
         if not (run_dir / "config.yaml").exists():
             cfg = dataclasses.replace(plan.config, out=str(run_dir))
             R.write_yaml(run_dir / "config.yaml", C.to_dict(cfg))
-        st = R.read_status(run_dir) or {}
         state = st.get("state") if st.get("state") in ("finished", "failed", "interrupted") \
             else "pending"
         entries.append(RunEntry(plan.name, plan.condition, plan.seed, plan.overrides, state,
@@ -131,14 +165,16 @@ def run_sweep(
     workers: int | None = None,
     on_done: Callable[[RunEntry], None] | None = None,
     stop: SweepStop | None = None,
+    max_runs: int = MAX_RUNS,
 ) -> SweepResult:
     """Run every run of ``spec`` under ``sweep_dir``; idempotent, crash-isolated, stoppable.
 
-    Everything is checked before ``sweep_dir`` is created (:class:`~klppo.rl.config.ConfigError`);
+    Everything is checked before ``sweep_dir`` is created (:class:`~klppo.rl.config.ConfigError`;
+    more than ``max_runs`` runs is refused);
     a directory another sweep holds raises :class:`~klppo.runs.rundir.DirBusyError`.
     """
     sweep_dir, stop = Path(sweep_dir), stop or SweepStop()
-    planned = expand(spec)
+    planned = expand(spec, max_runs)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
         raise C.ConfigError(f"workers={workers!r}: must be an integer >= 1")

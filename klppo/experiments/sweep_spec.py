@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from klppo.rl import config as C
-from klppo.runs.configfile import merge_nested
+from klppo.runs.configfile import InputError, merge_nested, parse_yaml, read_text
+from klppo.runs.typecheck import short_repr
 
-__all__ = ["SweepSpec", "RunPlan", "load_spec", "expand", "DEMO_SPEC"]
+__all__ = ["SweepSpec", "RunPlan", "load_spec", "expand", "count_runs", "MAX_RUNS", "RESERVED",
+           "DEMO_SPEC"]
 
 
 def _bad(name: str, value: Any, why: str) -> C.ConfigError:
-    return C.ConfigError(f"{name}={value!r}: {why}")
+    return C.ConfigError(f"{name}={short_repr(value)}: {why}")
 
 
 @dataclass
@@ -72,8 +72,25 @@ class SweepSpec:
                 raise _bad("grid", key, "a grid axis must be a dotted field name")
             if not isinstance(values, list) or not values:
                 raise _bad(f"grid.{key}", values, "must be a non-empty list of values")
+            _check_key("grid", key, values)
         _check_seeds(self.seeds)
         return self
+
+
+#: config fields a sweep sets itself for every run: an override of them would be ignored
+RESERVED = {"seed": "seeds are the spec's `seeds:` list (each run is named by its seed)",
+            "out": "each run's directory is SWEEP_DIR/runs/NAME",
+            "runs_root": "each run's directory is SWEEP_DIR/runs/NAME"}
+#: the most runs a sweep starts unless asked for more (``max_runs``, ``--max-runs``)
+MAX_RUNS = 10_000
+
+
+def _check_key(name: str, key: Any, value: Any) -> None:
+    if not isinstance(key, str) or not key:
+        raise _bad(name, key, "field names must be non-empty strings")
+    head = key.split(".")[0].replace("-", "_")
+    if head in RESERVED:
+        raise _bad(f"{name}.{key}", value, f"a sweep sets {head} itself: {RESERVED[head]}")
 
 
 def _check_overrides(name: str, over: Any) -> None:
@@ -81,9 +98,16 @@ def _check_overrides(name: str, over: Any) -> None:
         return
     if not isinstance(over, dict):
         raise _bad(name, over, "must be a mapping of field -> value")
-    for key in over:
-        if not isinstance(key, str) or not key:
-            raise _bad(name, key, "field names must be non-empty strings")
+    for key, value in over.items():
+        _check_key(name, key, value)
+
+
+def count_runs(spec: SweepSpec) -> int:
+    """How many runs the spec asks for (conditions x grid points x seeds)."""
+    n = max(1, len(spec.conditions)) * len(spec.seeds)
+    for values in spec.grid.values():
+        n *= len(values)
+    return n
 
 
 def _check_seeds(seeds: Any) -> None:
@@ -98,37 +122,20 @@ def _check_seeds(seeds: Any) -> None:
 
 
 def load_spec(path: str | Path) -> SweepSpec:
-    """Read and check a sweep spec YAML file."""
-    p = Path(path)
-    where = f"spec={str(p)!r}"
-    if p.is_dir():
-        raise C.ConfigError(f"{where}: is a directory, not a YAML file")
+    """Read and check a sweep spec YAML file (the loader of config files: YAML 1.2 numbers, a
+    duplicate key or an alias bomb refused)."""
+    where = f"spec={str(path)!r}"
     try:
-        text = p.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise C.ConfigError(f"{where}: no such file") from None
-    except OSError as e:
-        raise C.ConfigError(f"{where}: cannot be read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise C.ConfigError(f"{where}: not UTF-8 text (byte {e.object[e.start]:#04x} at "
-                            f"offset {e.start})") from None
-    try:
-        d = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise C.ConfigError(f"{where}: not valid YAML ({_yaml_problem(e)})") from None
+        d = parse_yaml(read_text(path, "spec"), where)
+    except InputError as e:
+        raise C.ConfigError(str(e)) from None
+    keys = [f.name for f in dataclasses.fields(SweepSpec)]
     if d is None:
-        raise C.ConfigError(f"{where}: is empty; expected a mapping with keys "
-                            f"{[f.name for f in dataclasses.fields(SweepSpec)]}")
+        raise C.ConfigError(f"{where}: is empty; expected a mapping with keys {keys}")
     if not isinstance(d, dict):
         raise C.ConfigError(f"{where}: holds a {type(d).__name__}; expected a mapping with "
-                            f"keys {[f.name for f in dataclasses.fields(SweepSpec)]}")
+                            f"keys {keys}")
     return SweepSpec.from_dict(d)
-
-
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or type(e).__name__
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
 
 
 # ------------------------------------------------------------------------------ expansion
@@ -177,9 +184,14 @@ def _safe(text: str) -> str:
     return text.replace("/", "-").replace(":", "-")
 
 
-def expand(spec: SweepSpec) -> list[RunPlan]:
-    """Every (condition x grid point x seed) as a run with its validated config."""
+def expand(spec: SweepSpec, max_runs: int = MAX_RUNS) -> list[RunPlan]:
+    """Every (condition x grid point x seed) as a run with its validated config; more than
+    ``max_runs`` runs is refused (a typo in a grid should not start 100,000 runs)."""
     spec.check()
+    n = count_runs(spec)
+    if n > max_runs:
+        raise _bad("runs", n, f"the spec asks for {n:,} runs (conditions x grid x seeds), more "
+                   f"than {max_runs:,}; pass --max-runs {n} if that is meant")
     base_cfg = C.preset(spec.preset) if spec.preset else C.TrainConfig()
     base_cfg = _overlay("base", _dotted("base", spec.base), base_cfg)
     conditions = {n: _dotted(f"conditions.{n}", o) for n, o in spec.conditions.items()}

@@ -45,6 +45,13 @@ def _resolve_id(env_id: str) -> str:
 
 
 def _missing_extra(env_id: str, err: Exception) -> EnvError:
+    """The pip command of the extra an env needs; a Ctrl-C that broke the import (and surfaces
+    as an ImportError) stays a KeyboardInterrupt instead of a false "needs the extra"."""
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, KeyboardInterrupt):
+            raise KeyboardInterrupt from err
+        cause = cause.__cause__ or cause.__context__
     spec = gym.spec(env_id)
     entry = str(spec.entry_point)
     for key, extra in _EXTRAS.items():

@@ -12,6 +12,9 @@ from klppo.runs import rundir as R
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "base: {total_steps: 1024, tensorboard: false}\nseeds: [0]\n"
+#: a "billion laughs" document: 9 levels of 9 aliases
+BOMB = "a: &a [lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
 
 #: (id, spec file text (bytes: raw; None: no --spec), extra flags, the message's start)
 SPEC_CASES = [
@@ -26,7 +29,7 @@ SPEC_CASES = [
     ("spec-is-dir", None, ["--spec", "{tmp}"], "spec='{tmp}': is a directory"),
     ("empty-file", "", [], "spec='{spec}': is empty"),
     ("only-comments", "# nothing\n", [], "spec='{spec}': is empty"),
-    ("bad-yaml", "seeds: [0, 1\n", [], "spec='{spec}': not valid YAML (line "),
+    ("bad-yaml", "seeds: [0, 1\n", [], "spec='{spec}': not valid YAML at line "),
     ("not-utf8", b"seeds: [0]\n# \xff\xfe\n", [], "spec='{spec}': not UTF-8 text (byte 0xff"),
     ("top-level-list", "- a\n- b\n", [], "spec='{spec}': holds a list"),
     ("top-level-scalar", "42\n", [], "spec='{spec}': holds a int"),
@@ -48,6 +51,30 @@ SPEC_CASES = [
     ("hidden-bad-type", "base: {net.hidden: 3}\n", [], "base"),
     ("condition-bad-value", "conditions: {c: {objective: nope}}\n", [],
      "objective='nope': must be one of"),
+    # issue 19: the last of two equal keys won silently
+    ("duplicate-condition", "conditions:\n  a: {objective: clip}\n  a: {objective: clip_kl}\n",
+     [], "spec='{spec}': not valid YAML at line 3, column 3: duplicate key 'a'"),
+    ("duplicate-base", "base: {total_steps: 1024}\nbase: {total_steps: 2048}\n", [],
+     "spec='{spec}': not valid YAML at line 2, column 1: duplicate key 'base'"),
+    ("duplicate-base-field", "base:\n  total_steps: 1024\n  total_steps: 2048\n", [],
+     "spec='{spec}': not valid YAML at line 3, column 3: duplicate key 'total_steps'"),
+    ("duplicate-grid-axis", "grid:\n  ppo.lr: [0.1]\n  ppo.lr: [0.2]\n", [],
+     "spec='{spec}': not valid YAML at line 3, column 3: duplicate key 'ppo.lr'"),
+    ("alias-bomb", BOMB + "base: {ppo.lr: *i}\n", [],
+     "spec='{spec}': not valid YAML at line "),
+    ("long-value", "preset: " + "x" * 100_000 + "\n", [], "preset='xxxxx"),
+    # fields a sweep sets itself: a grid or override of them was ignored (or ran seed 0)
+    ("grid-seed", "grid: {seed: [0, 1]}\n", [], "grid.seed=[0, 1]: a sweep sets seed itself"),
+    ("grid-out", "grid: {out: [a, b]}\n", [], "grid.out=['a', 'b']: a sweep sets out itself"),
+    ("grid-runs-root", "grid: {runs_root: [a]}\n", [], "grid.runs_root=['a']: a sweep sets"),
+    ("base-seed", "base: {seed: 3}\n", [], "base.seed=3: a sweep sets seed itself"),
+    ("base-out", "base: {out: x}\n", [], "base.out='x': a sweep sets out itself"),
+    ("condition-out", "conditions: {c: {out: x}}\n", [], "conditions.c.out='x': a sweep sets"),
+    ("grid-resume", "grid: {resume: [true]}\n", [], "grid.resume: unknown config field"),
+    # a grid far beyond what anyone means
+    ("too-many-runs", "grid: {{ppo.lr: [{0}], kl.target: [{0}]}}\nseeds: [{1}]\n".format(
+        ", ".join(str(0.001 * i) for i in range(1, 101)), ", ".join(map(str, range(20)))),
+     [], "runs=200000: the spec asks for 200,000 runs"),
 ]
 
 #: (id, flags, the message's start); the spec is GOOD
@@ -65,6 +92,19 @@ FLAG_CASES = [
     ("seeds-negative", ["--seeds", "-1"], "seeds=[-1]: "),
     ("seeds-duplicate", ["--seeds", "1", "1"], "seeds=[1, 1]: "),
     ("out-is-a-file", ["--out", "{tmp}/file"], "--out='{tmp}/file': exists and is not a directory"),
+    # issue 19: a second --set or --grid replaced the first; now they add up, once per field
+    ("set-twice-same-field", ["--set", "ppo.lr=0.1", "--set", "ppo.lr=0.2"],
+     "--set='ppo.lr=0.2': ppo.lr is given twice"),
+    ("grid-twice-same-field", ["--grid", "kl.target=0.01", "--grid", "kl.target=0.03"],
+     "--grid='kl.target=0.03': kl.target is given twice"),
+    ("set-grid-seed", ["--grid", "seed=0,1"], "grid.seed=[0, 1]: a sweep sets seed itself"),
+    ("set-out", ["--set", "out=x"], "base.out='x': a sweep sets out itself"),
+    ("max-runs-zero", ["--max-runs", "0"], "--max-runs=0: must be >= 1"),
+    ("max-runs-below", ["--grid", "ppo.lr=0.1,0.2,0.3", "--max-runs", "2"],
+     "runs=3: the spec asks for 3 runs"),
+    ("too-many-runs", ["--grid", "ppo.lr=" + ",".join(str(0.001 * i) for i in range(1, 101)),
+                       "--grid", "ppo.eps=" + ",".join(str(0.01 * i) for i in range(1, 11)),
+                       "--seeds", *map(str, range(11))], "runs=11000: the spec asks for 11,000"),
 ]
 
 
@@ -73,6 +113,7 @@ def check_one_line_error(capsys, code, command, expected):
     assert code == 2
     lines = cap.err.splitlines()
     assert len(lines) == 1, cap.err
+    assert len(lines[0]) <= 300, lines[0][:400]
     assert lines[0].startswith(f"klppo {command}: {expected}"), lines[0]
     assert "Traceback" not in cap.err + cap.out
     assert cap.out == ""
@@ -138,3 +179,128 @@ def test_a_real_process_prints_no_traceback(tmp_path):
     assert proc.stderr.splitlines() == [
         "klppo sweep: seeds=0: must be a non-empty list of distinct integers >= 0"]
     assert proc.stdout == "" and not (tmp_path / "sweep").exists()
+
+
+def _args(tmp_path, *flags):
+    from klppo.cli import build_parser
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(GOOD)
+    return build_parser().parse_args(["sweep", "--spec", str(spec), "--out",
+                                      str(tmp_path / "sweep"), *flags])
+
+
+def test_repeated_set_and_grid_flags_add_up(tmp_path):
+    """A second --set or --grid used to replace the first (an axis dropped without a word)."""
+    from klppo.cli_experiments import spec_from_args
+
+    spec = spec_from_args(_args(tmp_path, "--set", "ppo.lr=1e-4", "--set", "ppo.eps=0.1",
+                                "--grid", "kl.target=0.01,0.02", "--grid", "ppo.gamma=0.9,0.99"))
+    assert spec.base["ppo.lr"] == 1e-4 and spec.base["ppo.eps"] == 0.1  # YAML 1.2 numbers
+    assert spec.grid == {"kl.target": [0.01, 0.02], "ppo.gamma": [0.9, 0.99]}
+
+
+def test_spec_numbers_are_read_as_config_files_read_them(tmp_path):
+    """``1e-4`` is a float in a spec as in ``train --config`` (YAML 1.1 read a string)."""
+    from klppo.experiments.sweep import expand, load_spec
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {ppo.lr: 1e-4, total_steps: 1024}\ngrid: {kl.target: [2e-2, 3E-2]}\n"
+                    "seeds: [0]\n")
+    plans = expand(load_spec(spec))
+    assert [p.config.ppo.lr for p in plans] == [1e-4, 1e-4]
+    assert [p.config.kl.target for p in plans] == [0.02, 0.03]
+
+
+def _existing_sweep(tmp_path):
+    """A sweep directory as a first launch left it (spec.yaml, runs/NAME/config.yaml)."""
+    import dataclasses
+
+    from klppo.experiments.sweep import expand, load_spec
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(GOOD)
+    out = tmp_path / "sweep"
+    run = out / "runs" / expand(load_spec(spec_file))[0].name
+    run.mkdir(parents=True)
+    R.write_yaml(out / "spec.yaml", dataclasses.asdict(load_spec(spec_file)))
+    (run / "config.yaml").write_text("seed: 0\n")
+    return spec_file, out, run
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("spec-yaml", "spec='{out}/spec.yaml': not valid YAML at line "),
+    ("spec-not-utf8", "spec='{out}/spec.yaml': not UTF-8 text"),
+    ("status-not-json", "status='{run}/status.json': not valid JSON"),
+    ("status-list", "status='{run}/status.json': ['finished'] is not a run status"),
+    ("status-not-utf8", "status='{run}/status.json': not UTF-8 text"),
+    ("status-state-int", "status='{run}/status.json': {{'state': 3}} is not a run status"),
+])
+def test_a_damaged_sweep_directory_is_one_line_naming_the_file(tmp_path, capsys, damage,
+                                                              expected):
+    spec_file, out, run = _existing_sweep(tmp_path)
+    target, data = {
+        "spec-yaml": (out / "spec.yaml", b"preset: [klip\n"),
+        "spec-not-utf8": (out / "spec.yaml", b"preset: \xff\n"),
+        "status-not-json": (run / "status.json", b'{"state": "fini'),
+        "status-list": (run / "status.json", b'["finished"]'),
+        "status-not-utf8": (run / "status.json", b'{"state": "\xff"}'),
+        "status-state-int": (run / "status.json", b'{"state": 3}'),
+    }[damage]
+    target.write_bytes(data)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}
+    code = main(["sweep", "--spec", str(spec_file), "--out", str(out)])
+    cap = capsys.readouterr()
+    assert code == 2 and len(cap.err.splitlines()) == 1 and "Traceback" not in cap.err, cap.err
+    assert cap.err.startswith(f"klppo sweep: {expected.format(out=out, run=run)}"), cap.err
+    assert cap.out.startswith("sweep: 1 runs into") and len(cap.out.splitlines()) == 1
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before  # no run directory, index or status written
+
+
+def test_ctrl_c_before_the_command_starts_is_one_line_and_130(monkeypatch, capsys):
+    """Ctrl-C while klppo is still importing (the first second) was a KeyboardInterrupt
+    traceback."""
+    import klppo.cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(klppo.cli, "build_parser", interrupted)
+    assert main(["sweep", "--out", "x"]) == 130
+    cap = capsys.readouterr()
+    assert cap.err == "klppo sweep: interrupted\n" and cap.out == ""
+
+
+def test_an_import_broken_by_ctrl_c_is_an_interrupt_not_a_missing_extra():
+    from klppo.rl.envs import _missing_extra
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as k:
+            raise ImportError("cannot import name 'MjModel' (partially initialized)") from k
+    except ImportError as e:
+        with pytest.raises(KeyboardInterrupt):
+            _missing_extra("Hopper-v5", e)
+        assert "needs the mujoco extra" in str(_missing_extra("Hopper-v5", ImportError("x")))
+
+
+def test_a_run_stopped_while_building_its_envs_is_interrupted_not_failed(tmp_path):
+    """Ctrl-C on a sweep while a worker was still making its envs recorded the run FAILED with
+    a false "needs the mujoco extra"."""
+    import time
+    from types import SimpleNamespace
+
+    from klppo.experiments import launch as L
+
+    job = L.Job(tmp_path, SimpleNamespace(returncode=1), time.time() - 1, 0, stop_level=1)
+    R.write_status(tmp_path, "failed", error="cannot start: EnvError: env='Hopper-v5' needs the "
+                   "mujoco extra: pip install 'klppo[mujoco]'", iteration=0)
+    res = L.outcome(job, 1)
+    assert res["state"] == "interrupted" and res["error"] is None
+    status = R.read_status(tmp_path)
+    assert status["state"] == "interrupted" and "mujoco" not in status["error"]
+    job.stop_level = 0  # not asked to stop: a failed start is a failure
+    R.write_status(tmp_path, "failed", error="cannot start: EnvError: boom", iteration=0)
+    assert L.outcome(job, 1)["state"] == "failed"

@@ -13,6 +13,7 @@ import pytest
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from klppo.rl.config import PRESETS
 from klppo.rl.trainer import TIMING_KEYS
 from klppo.runs.threads import compute_threads
 
@@ -49,7 +50,10 @@ def _api_code(flags: list[str], out: Path) -> str:
 def test_api_with_two_blas_threads_equals_the_cli(case, tmp_path):
     if case == "marl":
         pytest.importorskip("mpe2")
-    flags = CASES[case]
+    _compare(CASES[case], tmp_path)
+
+
+def _compare(flags: list[str], tmp_path: Path) -> None:
     cli = subprocess.run([sys.executable, "-m", "klppo", "train", *flags, "--no-tensorboard",
                           "--out", str(tmp_path / "cli")], env=_env(), cwd=tmp_path,
                          capture_output=True, text=True)
@@ -62,6 +66,25 @@ def test_api_with_two_blas_threads_equals_the_cli(case, tmp_path):
     meta = json.loads((tmp_path / "api" / "metadata.json").read_text())
     assert meta["threads"]["torch"] == 1
     assert all(lib["num_threads"] == 1 for lib in meta["threads"]["blas"])
+
+
+def _short_flags(name: str) -> list[str]:
+    """Three iterations of a preset, rollouts cut to keep a MuJoCo run to seconds."""
+    from klppo.rl.config import preset
+
+    c = preset(name)
+    steps = min(c.rollout.num_steps, 256 if not name.startswith("marl/") else 50)
+    return ["--preset", name, "--rollout.num-steps", str(steps),
+            "--total-steps", str(3 * steps * c.rollout.num_envs)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_gives_the_cli_numbers_from_the_api(name, tmp_path):
+    pytest.importorskip("Box2D" if name == "klip/lunarlander" else
+                        "mpe2" if name.startswith("marl/") else
+                        "gymnasium" if name == "klip/cartpole" else "mujoco")
+    _compare(_short_flags(name), tmp_path)
 
 
 def _blas_threads() -> list[int]:
