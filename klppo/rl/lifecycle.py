@@ -121,10 +121,9 @@ def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any) -> None:
     for key in sorted(set(old) | set(new)):
         if key.split(".")[0] in RESUMABLE_CHANGES or old.get(key) == new.get(key):
             continue
-        raise ResumeError(f"{path}: {key}={_short(new.get(key))} but the run's checkpoint was "
-                          f"made with {key}={_short(old.get(key))}; a resume continues the same "
-                          f"run, so only {', '.join(sorted(RESUMABLE_CHANGES))} may change "
-                          f"(undo the edit, or start a new run)")
+        raise ResumeError(f"{path}: {key}={_short(new.get(key))} but the checkpoint was made "
+                          f"with {_short(old.get(key))}; a resume continues the same run (undo "
+                          f"the edit or start a new run; docs/reliability.md says what may change)")
 
 
 def _check_metadata(run_dir: Path) -> None:

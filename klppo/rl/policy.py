@@ -138,7 +138,7 @@ def _policy(cfg: TrainConfig, state: Any, obs_space: gym.Space, act_space: gym.S
         raise ckpt.CheckpointError(f"{source}: holds no network weights ('agent'); not a "
                                    "klppo train checkpoint")
     fits = f"does not fit the run's config.yaml (env {cfg.env}, net.hidden {list(n.hidden)})"
-    _load_weights(agent, state["agent"], f"{source}: {fits}")
+    load_weights(agent, state["agent"], f"{source}: {fits}")
     obs_norm = None
     if state.get("obs_norm") is not None:
         saved = state["obs_norm"]
@@ -156,10 +156,13 @@ def _policy(cfg: TrainConfig, state: Any, obs_space: gym.Space, act_space: gym.S
     return Policy(agent, cfg, act_space, obs_norm)
 
 
-def _load_weights(agent: nn.Module, saved: dict[str, Any], where: str) -> None:
+def load_weights(agent: nn.Module, saved: Any, where: str) -> None:
     """``agent.load_state_dict(saved)``; CheckpointError ``where``: the first parameter whose
     shape differs (both shapes), or the parameters missing or unexpected."""
     own = agent.state_dict()
+    if not isinstance(saved, dict):
+        raise ckpt.CheckpointError(f"{where}: the network weights are {type(saved).__name__}, "
+                                   f"not a mapping of parameters")
     for k, v in own.items():
         got = getattr(saved.get(k), "shape", None)
         if k in saved and (got is None or tuple(got) != tuple(v.shape)):

@@ -23,6 +23,7 @@ from klppo.nn.actor_critic import ActorCritic, make_head
 from klppo.rl.backends import make_backend
 from klppo.rl.config import TrainConfig
 from klppo.rl.envs import ObsNormalizer, RewardScaler
+from klppo.rl.policy import load_weights
 from klppo.rl.rollout import RolloutBuffer
 from klppo.rl.update import Batch, Learner, make_loss
 
@@ -83,7 +84,7 @@ class PolicyUnit:
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.agent.load_state_dict(s["agent"])
+        load_weights(self.agent, s["agent"], f"policy {self.name!r}" if self.name else "policy")
         self.learner.backend.load_state_dict(s["optimizer"])
         self.controller.load_state_dict(s["controller"])
         self.learner.gen.set_state(s["shuffle_generator"])
