@@ -9,6 +9,7 @@ from typing import Any, Literal
 from klppo.core.controllers import ControllerName
 from klppo.runs.configfile import field_hints, overlay
 from klppo.runs.device import resolve_device
+from klppo.runs.errors import ConfigError
 from klppo.runs.typecheck import TypeCheckError, check_value
 
 KLEstimatorLM = Literal["k1", "k3", "full", "k3_flipped", "tutorial"]
@@ -113,9 +114,6 @@ class RLHFConfig:
         return self.horizon if self.horizon is not None else max(1.0, self.episodes / 30)
 
 
-class ConfigError(ValueError):
-    """Bad input (a config value, the model, the output path); the message names the field
-    and the value."""
 
 
 def _bad(field: str, value: Any, why: str) -> ConfigError:

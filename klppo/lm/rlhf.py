@@ -28,6 +28,7 @@ from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_re
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 from klppo.runs.configfile import read_config_file
+from klppo.runs.errors import ResumeError, RunFailed
 from klppo.runs.paths import check_writable
 from klppo.runs.signals import StopRequest
 from klppo.runs.threads import compute_threads
@@ -41,12 +42,8 @@ CHECKPOINT = "checkpoint.pt"
 OnIteration = Callable[[dict[str, Any]], None] | None
 
 
-class RLHFError(RuntimeError):
+class RLHFError(RunFailed):
     """A run stopped on an error; status.json says why, and its last good checkpoint is kept."""
-
-
-class ResumeError(ConfigError):
-    """A run directory cannot be resumed; the message names the file and the reason."""
 
 
 class _IterationFailed(Exception):

@@ -20,6 +20,7 @@ from klppo.core.loss import OBJECTIVES, KLEstimatorChoice
 from klppo.core.surrogates import SHAPES, SOFT_SHAPES, Shape
 from klppo.core.values import ValueLossKind
 from klppo.rl import bounds
+from klppo.runs.errors import ConfigError
 from klppo.runs.typecheck import TypeCheckError, check_value, short_repr
 
 Cadence = Literal["minibatch", "epoch", "iteration"]
@@ -225,8 +226,6 @@ class TrainConfig:
         return self.batch_size // self.ppo.minibatch_size
 
 
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the field and the value."""
 
 
 def _bad(field_name: str, value: Any, why: str) -> ConfigError:

@@ -17,6 +17,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from klppo.rl.vecenv import RestoreReport, SameStepVecEnv, generator_from_state
+from klppo.runs.errors import UserInputError
 
 __all__ = ["EnvError", "check_env", "space_problem", "make_vector_env", "env_state",
            "restore_env_state", "RunningMeanStd", "ObsNormalizer", "RewardScaler"]
@@ -25,7 +26,7 @@ __all__ = ["EnvError", "check_env", "space_problem", "make_vector_env", "env_sta
 _EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}
 
 
-class EnvError(ValueError):
+class EnvError(UserInputError):
     """The environment cannot be made; the message says why and what to do."""
 
 

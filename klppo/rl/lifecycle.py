@@ -9,6 +9,7 @@ from typing import Any
 from klppo.rl.config import ConfigError, TrainConfig, from_dict, validate
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
+from klppo.runs.errors import ResumeError
 
 log = logging.getLogger("klppo.rl.trainer")
 
@@ -45,10 +46,6 @@ class RunLife:
     def warn(self, message: str) -> None:
         log.warning("%s", message)
         self.warnings.append(message)
-
-
-class ResumeError(RuntimeError):
-    """A run directory cannot be resumed; the message names the file and the reason."""
 
 
 def read_run_config(run_dir: str | Path) -> TrainConfig:

@@ -37,6 +37,7 @@ from klppo.runs import checkpoint as ckpt
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 from klppo.runs.device import resolve_device
+from klppo.runs.errors import RunFailed
 from klppo.runs.signals import StopRequest
 from klppo.runs.threads import compute_threads
 
@@ -49,7 +50,7 @@ __all__ = ["TrainResult", "TrainingError", "ResumeError", "train", "resume", "fi
 TIMING_KEYS = frozenset({"sps", "time_collect", "time_update", "time_elapsed"})
 
 
-class TrainingError(RuntimeError):
+class TrainingError(RunFailed):
     """A run stopped on an error; its last good checkpoint is kept."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from klppo.runs.errors import CheckpointError
 from klppo.runs.rundir import atomic_write_bytes
 
 CHECKPOINT = "checkpoint.pt"
@@ -29,10 +30,6 @@ _MULTIARRAY = np._core.multiarray if hasattr(np, "_core") else np.core.multiarra
 #: the only globals a checkpoint may name: numpy arrays, their dtypes and numpy scalars
 SAFE_GLOBALS = [_MULTIARRAY._reconstruct, _MULTIARRAY.scalar, np.ndarray, np.dtype,
                 *(getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType"))]
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that exists but cannot be read; the message names the file."""
 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:

@@ -22,16 +22,13 @@ from typing import Any, TypeVar
 
 import yaml
 
+from klppo.runs.errors import InputError
 from klppo.runs.typecheck import TypeCheckError, check_value, short_repr
 
 __all__ = ["MAX_YAML_NODES", "InputError", "InputFileError", "UnknownFieldError", "read_text",
            "parse_yaml", "read_config_file", "overlay", "field_hints"]
 
 T = TypeVar("T")
-
-
-class InputError(ValueError):
-    """Bad input; the message names what (a field, a flag, a file) and its value."""
 
 
 class InputFileError(InputError):

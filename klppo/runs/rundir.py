@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from klppo.runs.configfile import InputError, InputFileError, parse_yaml, read_text
+from klppo.runs.errors import UserInputError
 from klppo.runs.paths import check_writable
 
 __all__ = ["DirBusyError", "DirLock", "default_run_name", "create_run_dir",
@@ -44,7 +45,7 @@ def default_run_name(env: str, objective: str, seed: int) -> str:
     return f"{safe_env}__{objective}__{seed}__{stamp}"
 
 
-class DirBusyError(RuntimeError):
+class DirBusyError(UserInputError, RuntimeError):
     """Another live process holds the directory's lock; the message names it."""
 
 
