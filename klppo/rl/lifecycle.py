@@ -1,20 +1,21 @@
-"""One process's life of a run directory: reading it back, its lock, status and warnings."""
+"""The RL side of the run lifecycle (:mod:`klppo.runs.lifecycle`): reading a run directory's
+config back, the checks of a resume against the config stored in the checkpoint, and what the
+single- and multi-agent trainers share (:class:`RunTrainer`)."""
 
 from __future__ import annotations
 
-import logging
+import time
 from pathlib import Path
 from typing import Any
 
-from klppo.rl.config import ConfigError, TrainConfig, from_dict, validate
-from klppo.runs import metrics as M
+from klppo.rl.config import ConfigError, TrainConfig, from_dict, to_dict, validate
+from klppo.runs import checkpoint as ckpt
 from klppo.runs import rundir as R
 from klppo.runs.errors import ResumeError
+from klppo.runs.lifecycle import check_metrics, metrics_records
+from klppo.runs.typecheck import short_repr
 
-log = logging.getLogger("klppo.rl.trainer")
-
-__all__ = ["RunLife", "ResumeError", "read_run_config", "check_metrics", "check_resume",
-           "RESUMABLE_CHANGES"]
+__all__ = ["RunTrainer", "ResumeError", "read_run_config", "check_resume", "RESUMABLE_CHANGES"]
 
 #: config fields that may differ between a run's checkpoint and its ``config.yaml`` at a resume:
 #: where files go, what is logged, how often to checkpoint, and where it computes (the device and
@@ -23,29 +24,53 @@ RESUMABLE_CHANGES = frozenset({"out", "runs_root", "tensorboard", "track", "chec
                                "device", "torch_threads"})
 
 
-class RunLife:
-    """One process's life of a run directory: its lock, status, warnings and metric sinks."""
+class RunTrainer:
+    """What the single- and multi-agent trainers share to run under
+    :func:`klppo.runs.lifecycle.run_iterations`: the counters from the config, the divergence
+    monitor, the checkpoint (with the config, which a resume checks) and the timing metrics.
+    A subclass sets ``cfg``, ``env`` and ``monitor`` and implements ``phases``, ``state_dict``
+    and ``describe``."""
 
-    def __init__(self, run_dir: Path, lock: R.DirLock, warnings: list[str]) -> None:
-        self.run_dir, self.lock, self.warnings = run_dir, lock, list(warnings)
+    cfg: TrainConfig
+    env: Any
+    monitor: Any
+    iteration: int
+    global_step: int
+    _clock: tuple[float, int] | None = None
 
-    def status(self, state: str, iteration: int, **fields: Any) -> None:
-        if self.warnings:
-            fields["warnings"] = self.warnings
-        R.write_status(self.run_dir, state, iteration=iteration, **fields)
+    @property
+    def num_iterations(self) -> int:
+        return self.cfg.num_iterations
 
-    def final_status(self, state: str, iteration: int, **fields: Any) -> None:
-        """The status of a run that is ending on an error: best effort (the error may be the
-        full disk that this write needs too)."""
-        try:
-            self.status(state, iteration, **fields)
-        except OSError as e:
-            log.error("cannot write status.json (%s); the run ended %s: %s", e, state,
-                      fields.get("error"))
+    @property
+    def checkpoint_every(self) -> int:
+        return self.cfg.checkpoint_every
 
-    def warn(self, message: str) -> None:
-        log.warning("%s", message)
-        self.warnings.append(message)
+    def phases(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def iterate(self) -> dict[str, Any]:
+        """One iteration's phases and metrics, with the wall time since this process started
+        iterating (``time_elapsed``) and its steps per second (``sps``)."""
+        if self._clock is None:
+            self._clock = (time.perf_counter(), self.global_step)
+        m = self.phases()
+        elapsed = time.perf_counter() - self._clock[0]
+        m["time_elapsed"] = elapsed
+        m["sps"] = (self.global_step - self._clock[1]) / max(elapsed, 1e-9)
+        return m
+
+    def check(self, metrics: dict[str, Any]) -> list[str]:
+        return self.monitor.check(metrics)
+
+    def save(self, run_dir: Path) -> None:
+        ckpt.save_checkpoint(run_dir, {**self.state_dict(), "config": to_dict(self.cfg)})
+
+    def close(self) -> None:
+        self.env.close()
 
 
 def read_run_config(run_dir: str | Path) -> TrainConfig:
@@ -66,36 +91,6 @@ def read_run_config(run_dir: str | Path) -> TrainConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _iterations(path: Path) -> list[dict[str, Any]]:
-    """The records of ``metrics.jsonl``, each with a whole iteration count (ResumeError naming
-    the record otherwise)."""
-    records = M.read_metrics(path)[0] if path.exists() else []
-    for n, r in enumerate(records, 1):
-        it = r.get("iteration")
-        if not isinstance(it, int) or isinstance(it, bool) or it < 1:
-            raise ResumeError(f"{path}: record {n} has iteration={_short(it)}, not an iteration "
-                              f"count; the file was edited or damaged (restore it, or delete "
-                              f"the run directory to start again)")
-    return records
-
-
-def _short(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check_metrics(run_dir: Path, iteration: int) -> list[dict[str, Any]]:
-    """The metrics kept up to the checkpoint's iteration; an error when some are missing."""
-    path = run_dir / "metrics.jsonl"
-    kept = [r for r in _iterations(path) if r["iteration"] <= iteration]
-    if [r["iteration"] for r in kept] != list(range(1, iteration + 1)):
-        have = "is missing" if not path.exists() else f"holds {len(kept)} of them"
-        raise ResumeError(f"{path}: the checkpoint is at iteration {iteration} but the file "
-                          f"{have}; the run cannot be resumed exactly (restore the file, or "
-                          f"delete checkpoint.pt to restart the run)")
-    return kept
-
-
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(d, dict):
         return {prefix.rstrip("."): d}
@@ -108,18 +103,16 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any) -> None:
     """The checkpoint's config (written since klppo stored it there) must equal ``config.yaml``
     but for :data:`RESUMABLE_CHANGES`."""
-    from klppo.rl.config import to_dict
-
     path = run_dir / "config.yaml"
     if not isinstance(saved, dict):
-        raise ResumeError(f"{run_dir / 'checkpoint.pt'}: its config is {_short(saved)}, not a "
+        raise ResumeError(f"{run_dir / 'checkpoint.pt'}: its config is {short_repr(saved)}, not a "
                           f"mapping; the checkpoint is not one klppo wrote")
     old, new = _flatten(saved), _flatten(to_dict(cfg))
     for key in sorted(set(old) | set(new)):
         if key.split(".")[0] in RESUMABLE_CHANGES or old.get(key) == new.get(key):
             continue
-        raise ResumeError(f"{path}: {key}={_short(new.get(key))} but the checkpoint was made "
-                          f"with {_short(old.get(key))}; a resume continues the same run (undo "
+        raise ResumeError(f"{path}: {key}={short_repr(new.get(key))} but the checkpoint was made "
+                          f"with {short_repr(old.get(key))}; a resume continues the same run (undo "
                           f"the edit or start a new run; docs/reliability.md says what may change)")
 
 
@@ -135,11 +128,11 @@ def _check_metadata(run_dir: Path) -> None:
         raise ResumeError(f"{path}: unreadable ({type(e).__name__}); restore it, or delete it "
                           f"(the run's provenance is then lost)") from None
     if not isinstance(meta, dict):
-        raise ResumeError(f"{path}: holds {type(meta).__name__} {_short(meta)}, not a mapping")
+        raise ResumeError(f"{path}: holds {type(meta).__name__} {short_repr(meta)}, not a mapping")
     if not isinstance(meta.get("resumes", []), list):
-        raise ResumeError(f"{path}: resumes={_short(meta['resumes'])}, not a list")
+        raise ResumeError(f"{path}: resumes={short_repr(meta['resumes'])}, not a list")
     if meta.get("kind", "train") != "train":
-        raise ResumeError(f"{path}: kind={_short(meta['kind'])}: not a training run "
+        raise ResumeError(f"{path}: kind={short_repr(meta['kind'])}: not a training run "
                           f"(klppo train --resume continues runs of klppo train)")
 
 
@@ -149,7 +142,7 @@ def check_resume(run_dir: Path, cfg: TrainConfig,
     return the metrics kept (up to the checkpoint). One-line :class:`ResumeError` otherwise."""
     _check_metadata(run_dir)
     if state is None:
-        done = [r["iteration"] for r in _iterations(run_dir / "metrics.jsonl")]
+        done = [r["iteration"] for r in metrics_records(run_dir / "metrics.jsonl")]
         if done and max(done) >= cfg.checkpoint_every:
             raise ResumeError(f"{run_dir / 'checkpoint.pt'}: missing, but metrics.jsonl holds "
                               f"iteration {max(done)} (a checkpoint is written every "
@@ -161,7 +154,7 @@ def check_resume(run_dir: Path, cfg: TrainConfig,
         _check_config(run_dir, cfg, state["config"])
     if step != iteration * cfg.batch_size or iteration > cfg.num_iterations:
         raise ResumeError(f"{run_dir / 'checkpoint.pt'}: iteration {iteration} at global step "
-                          f"{_short(step)} does not fit this run's config (batch "
+                          f"{short_repr(step)} does not fit this run's config (batch "
                           f"{cfg.batch_size}, {cfg.num_iterations} iterations): a checkpoint "
                           f"of another run?")
     return check_metrics(run_dir, iteration)

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import time
 import traceback
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -27,10 +26,10 @@ from klppo.rl.envs import (
     make_vector_env,
     restore_env_state,
 )
-from klppo.rl.lifecycle import ResumeError, RunLife, check_resume, read_run_config
+from klppo.rl.lifecycle import ResumeError, RunTrainer, check_resume, read_run_config
 from klppo.rl.marl.spec import check_multiagent, is_multiagent
 from klppo.rl.marl.trainer import MultiTrainer
-from klppo.rl.monitor import ExplosionMonitor, PerPolicyMonitor
+from klppo.rl.monitor import ExplosionMonitor
 from klppo.rl.rollout import Collector
 from klppo.rl.unit import PolicyUnit, episode_means, learning_rate
 from klppo.runs import checkpoint as ckpt
@@ -38,7 +37,7 @@ from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 from klppo.runs.device import resolve_device
 from klppo.runs.errors import RunFailed
-from klppo.runs.signals import StopRequest
+from klppo.runs.lifecycle import OnIteration, RunLife, run_iterations
 from klppo.runs.threads import compute_threads
 
 log = logging.getLogger(__name__)
@@ -76,7 +75,7 @@ class TrainResult:
         return {p: final_return(self.metrics, policy=p) for p in self.policies}
 
 
-class _Trainer:
+class _Trainer(RunTrainer):
     """A single-agent run: one vector env, one collector, one :class:`PolicyUnit`."""
 
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
@@ -91,6 +90,7 @@ class _Trainer:
         self.agent, self.learner, self.controller = u.agent, u.learner, u.controller
         self.collector = Collector(self.env, u.agent, cfg.rollout.num_steps, cfg.seed + 1,
                                    u.obs_norm, u.rew_scale, fast=u.fast)
+        self.monitor = ExplosionMonitor()
         self.iteration = 0
         self.global_step = 0
 
@@ -122,10 +122,11 @@ class _Trainer:
 
     def describe(self, m: dict[str, Any]) -> str:
         """A short summary of one iteration's metrics (for the log)."""
-        return f"return {m['episode_return_mean']} kl {m['kl_rollout']:.4g}"
+        return (f"step {self.global_step} return {m['episode_return_mean']} "
+                f"kl {m['kl_rollout']:.4g}")
 
     # ---------------------------------------------------------------- phases
-    def iterate(self) -> dict[str, Any]:
+    def phases(self) -> dict[str, Any]:
         cfg = self.cfg
         it = self.iteration + 1
         lr = learning_rate(cfg, it)
@@ -157,93 +158,13 @@ def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
     return sinks
 
 
-@contextlib.contextmanager
-def _in_iteration(it: int) -> Iterator[None]:
-    """Name the iteration whose metrics or checkpoint could not be written (after
-    ``iterate`` has counted it, so the failure's own number is not ``iteration + 1``)."""
-    try:
-        yield
-    except OSError as e:
-        raise OSError(e.errno, f"iteration {it}: OSError: {e}") from e
-
-
-def _iterate_and_log(tr: _Trainer, run: RunLife, writer: M.MetricsWriter, monitor: ExplosionMonitor,
-                     clock: tuple[float, int]) -> dict[str, Any]:
-    m = tr.iterate()
-    elapsed = time.perf_counter() - clock[0]
-    m["time_elapsed"] = elapsed
-    m["sps"] = (tr.global_step - clock[1]) / max(elapsed, 1e-9)
-    with _in_iteration(tr.iteration):
-        writer.write(m)
-    for w in monitor.check(m):
-        run.warn(w)
-    log.info("iteration %d/%d step %d %s", tr.iteration, tr.cfg.num_iterations, tr.global_step,
-             tr.describe(m))
-    return m
-
-
-def _loop(tr: _Trainer, run: RunLife, writer: M.MetricsWriter, monitor: ExplosionMonitor,
-          on_iteration: Callable[[dict[str, Any]], None] | None) -> str:
-    cfg, clock = tr.cfg, (time.perf_counter(), tr.global_step)
-    with StopRequest() as stop:
-        while tr.iteration < cfg.num_iterations:
-            m = _iterate_and_log(tr, run, writer, monitor, clock)
-            if on_iteration is not None:
-                on_iteration(m)
-            last = tr.iteration == cfg.num_iterations
-            if last or tr.iteration % cfg.checkpoint_every == 0 or stop.requested:
-                with _in_iteration(tr.iteration):
-                    ckpt.save_checkpoint(run.run_dir, {**tr.state_dict(),
-                                                       "config": to_dict(cfg)})
-            if stop.requested and not last:
-                return "interrupted"
-    return "finished"
-
-
-def _run(tr: _Trainer, run: RunLife, monitor: ExplosionMonitor,
-         on_iteration: Callable[[dict[str, Any]], None] | None) -> TrainResult:
-    """Iterate to the end (or a stop request); on any error, leave status 'failed' with the
-    reason and the last good checkpoint, and raise :class:`TrainingError` (one line)."""
-    run_dir = run.run_dir
-    try:
-        run.status("running", tr.iteration)
-        writer = M.MetricsWriter(_sinks(tr.cfg, run_dir))
-        try:
-            status = _loop(tr, run, writer, monitor, on_iteration)
-        finally:
-            writer.close()
-    except KeyboardInterrupt:
-        run.final_status("interrupted", tr.iteration, error="interrupted at once (second signal)")
-        raise
-    except Exception as e:  # noqa: BLE001 - every failure ends as one named error
-        done, what = _ckpt_iter(run_dir), " ".join(str(e).split())
-        if isinstance(e, OSError) and e.strerror and e.strerror.startswith("iteration"):
-            what = e.strerror
-        elif not what.startswith("iteration"):
-            what = f"iteration {tr.iteration + 1}: {type(e).__name__}: {what}"
-        kept = (f"the last good checkpoint (iteration {done}) is kept" if done else
-                "no checkpoint was written yet (a resume starts the run again)")
-        msg = f"{what}; {kept}"
-        run.final_status("failed", tr.iteration, error=msg, traceback=traceback.format_exc())
-        raise TrainingError(msg) from e
-    finally:
-        tr.env.close()
-        run.lock.release()
-    run.status(status, tr.iteration)
-    records, _ = M.read_metrics(run_dir / "metrics.jsonl")
-    return TrainResult(run_dir, records, status)
-
-
-def _monitor(tr: _Trainer | MultiTrainer) -> ExplosionMonitor | PerPolicyMonitor:
-    return PerPolicyMonitor(tr.policies) if isinstance(tr, MultiTrainer) else ExplosionMonitor()
-
-
-def _ckpt_iter(run_dir: Path) -> int:
-    """The iteration of the checkpoint on disk (0: none)."""
-    try:
-        return int(ckpt.load_checkpoint(run_dir)["iteration"])
-    except (FileNotFoundError, ckpt.CheckpointError, OSError):
-        return 0
+def _run(tr: _Trainer | MultiTrainer, life: RunLife, on_iteration: OnIteration) -> TrainResult:
+    """Iterate to the end (or a stop request) under the shared run lifecycle; a failure leaves
+    status 'failed' with the reason and raises :class:`TrainingError` (one line)."""
+    state = run_iterations(tr, life, lambda: M.MetricsWriter(_sinks(tr.cfg, life.run_dir)),
+                           on_iteration, TrainingError)
+    records, _ = M.read_metrics(life.run_dir / "metrics.jsonl")
+    return TrainResult(life.run_dir, records, state)
 
 
 def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock) -> _Trainer | MultiTrainer:
@@ -258,8 +179,7 @@ def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock) -> _Trainer | Multi
         raise TrainingError(msg) from e
 
 
-def train(config: TrainConfig,
-          on_iteration: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+def train(config: TrainConfig, on_iteration: OnIteration = None) -> TrainResult:
     """Train from scratch into a new run directory (``config.out`` or a default name).
 
     Every check (config, env, extras, the output path) runs before the directory is created.
@@ -280,7 +200,7 @@ def train(config: TrainConfig,
         _write_start_files(run_dir, config, threads, lock)
         tr = _start(run_dir, config, lock)
         tr.start()
-        return _run(tr, RunLife(run_dir, lock, []), _monitor(tr), on_iteration)
+        return _run(tr, RunLife(run_dir, lock), on_iteration)
 
 
 def _new_run_dir(cfg: TrainConfig) -> tuple[Path, R.DirLock]:
@@ -316,8 +236,7 @@ def _write_start_files(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
         raise
 
 
-def resume(run_dir: str | Path,
-           on_iteration: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+def resume(run_dir: str | Path, on_iteration: OnIteration = None) -> TrainResult:
     """Continue a run from its last checkpoint (or start it, if it never wrote one).
 
     Metrics written after the checkpoint are discarded and recomputed, so the finished
@@ -342,17 +261,16 @@ def resume(run_dir: str | Path,
         problems = _restore(tr, state, lock)
         _record_start(run_dir, state, threads)
         M.rewrite_metrics(run_dir / "metrics.jsonl", kept)
-        run = RunLife(run_dir, lock, [])
+        life = RunLife(run_dir, lock, saved=tr.iteration)
         for p in problems:
-            run.warn(f"resume is not exact: {p}")
-        monitor = _monitor(tr)
-        monitor.seed(kept)
+            life.warn(f"resume is not exact: {p}")
+        tr.monitor.seed(kept)
         if tr.iteration >= cfg.num_iterations:
-            tr.env.close()
-            run.status("finished", tr.iteration)
+            tr.close()
+            life.status("finished", tr.iteration)
             lock.release()
             return TrainResult(run_dir, kept, "finished")
-        return _run(tr, run, monitor, on_iteration)
+        return _run(tr, life, on_iteration)
 
 
 def _refuse(run_dir: Path, lock: R.DirLock, error: Exception) -> NoReturn:

@@ -19,15 +19,19 @@ import numpy as np
 import torch
 
 from klppo.rl.config import TrainConfig, validate
+from klppo.rl.lifecycle import RunTrainer
 from klppo.rl.marl.collect import MultiCollector
 from klppo.rl.marl.env import ParallelVecEnv
 from klppo.rl.marl.spec import check_multiagent, make_parallel_env
+from klppo.rl.monitor import PerPolicyMonitor
 from klppo.rl.unit import PolicyUnit, episode_means, learning_rate
 
 __all__ = ["MultiTrainer"]
 
 
-class MultiTrainer:
+class MultiTrainer(RunTrainer):
+    """A multi-agent run: one PettingZoo vector env, one :class:`PolicyUnit` per policy."""
+
     def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
         self.cfg = validate(cfg)
         self.run_dir = run_dir
@@ -43,6 +47,7 @@ class MultiTrainer:
         }
         self.collector = MultiCollector(self.env, self.units, spec.action_spaces,
                                         cfg.rollout.num_steps, cfg.seed)
+        self.monitor = PerPolicyMonitor(list(self.units))
         self.iteration = 0
         self.global_step = 0
 
@@ -77,7 +82,7 @@ class MultiTrainer:
         self.collector.reset()
 
     # ---------------------------------------------------------------- phases
-    def iterate(self) -> dict[str, Any]:
+    def phases(self) -> dict[str, Any]:
         cfg = self.cfg
         it = self.iteration + 1
         lrs = {p: learning_rate(u.cfg, it) for p, u in self.units.items()}

@@ -1,0 +1,183 @@
+"""One run lifecycle for every trainer (single-agent, multi-agent, RLHF).
+
+A trainer provides its iterations and its state (:class:`Trainer`); this module runs them in a
+locked run directory: status.json (running, finished, interrupted, failed with the reason and
+the checkpoint kept), clean stops on SIGINT/SIGTERM, the checkpoint cadence, metrics written
+before anything else sees them, and the checks of a run directory at a resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from klppo.runs import metrics as M
+from klppo.runs import rundir as R
+from klppo.runs.errors import ResumeError, RunFailed
+from klppo.runs.signals import StopRequest
+from klppo.runs.typecheck import short_repr
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Trainer", "RunLife", "run_iterations", "check_metrics", "check_run_dir",
+           "metrics_records", "OnIteration"]
+
+OnIteration = Callable[[dict[str, Any]], None] | None
+
+
+class Trainer(Protocol):
+    """What a trainer gives the lifecycle: its counters, one iteration at a time, its checkpoint
+    and its resources."""
+
+    iteration: int
+
+    @property
+    def num_iterations(self) -> int: ...
+
+    @property
+    def checkpoint_every(self) -> int: ...
+
+    def iterate(self) -> dict[str, Any]:
+        """Run iteration ``iteration + 1``, count it, and return its metrics."""
+
+    def describe(self, metrics: dict[str, Any]) -> str:
+        """A short summary of one iteration's metrics, for the log."""
+
+    def check(self, metrics: dict[str, Any]) -> list[str]:
+        """Warnings about one iteration's metrics (divergence), for the log and the status."""
+
+    def save(self, run_dir: Path) -> None:
+        """Write the checkpoint (atomically) of the iterations done."""
+
+    def close(self) -> None:
+        """Release what the trainer holds (environments)."""
+
+
+class RunLife:
+    """One process's life of a run directory: its lock, status and warnings, and the iteration
+    of the last checkpoint on disk (``saved``: 0 when there is none)."""
+
+    def __init__(self, run_dir: Path, lock: R.DirLock, saved: int = 0) -> None:
+        self.run_dir, self.lock, self.saved = run_dir, lock, saved
+        self.warnings: list[str] = []
+
+    def status(self, state: str, iteration: int, **fields: Any) -> None:
+        if self.warnings:
+            fields["warnings"] = self.warnings
+        R.write_status(self.run_dir, state, iteration=iteration,
+                       checkpoint_iteration=self.saved, **fields)
+
+    def final_status(self, state: str, iteration: int, **fields: Any) -> None:
+        """The status of a run that is ending on an error: best effort (the error may be the
+        full disk that this write needs too)."""
+        try:
+            self.status(state, iteration, **fields)
+        except OSError as e:
+            log.error("cannot write status.json (%s); the run ended %s: %s", e, state,
+                      fields.get("error"))
+
+    def warn(self, message: str) -> None:
+        log.warning("%s", message)
+        self.warnings.append(message)
+
+    def kept(self) -> str:
+        """What a failed run keeps, in words."""
+        if self.saved:
+            return f"the last good checkpoint (iteration {self.saved}) is kept"
+        return "no checkpoint was written yet (a resume starts the run again)"
+
+
+def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.MetricsWriter],
+                   on_iteration: OnIteration, failed: type[RunFailed]) -> str:
+    """Iterate ``tr`` to its end or a stop request; return 'finished' or 'interrupted'.
+
+    Any error ends the run with status 'failed', the reason (``iteration N: Type: message;``
+    and the checkpoint kept) and the traceback in status.json, and raises ``failed`` with the
+    one-line reason. The lock is released and the trainer closed however it ends."""
+    it = tr.iteration + 1
+    try:
+        life.status("running", tr.iteration)
+        writer = make_writer()
+        try:
+            with StopRequest() as stop:
+                state = "finished"
+                while tr.iteration < tr.num_iterations:
+                    it = tr.iteration + 1
+                    _one(tr, life, writer, on_iteration, stop)
+                    if stop.requested and tr.iteration < tr.num_iterations:
+                        state = "interrupted"
+                        break
+        finally:
+            writer.close()
+    except KeyboardInterrupt:
+        life.final_status("interrupted", tr.iteration, error="interrupted at once (second signal)")
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure ends as one named error
+        what = " ".join(str(e).split())
+        if not what.startswith("iteration"):
+            what = f"iteration {it}: {type(e).__name__}: {what}"
+        msg = f"{what}; {life.kept()}"
+        life.final_status("failed", tr.iteration, error=msg, traceback=traceback.format_exc())
+        raise failed(msg) from e
+    finally:
+        tr.close()
+        life.lock.release()
+    life.status(state, tr.iteration)
+    return state
+
+
+def _one(tr: Trainer, life: RunLife, writer: M.MetricsWriter, on_iteration: OnIteration,
+         stop: StopRequest) -> None:
+    """One iteration: compute, log, call back, checkpoint at the cadence (or when stopping)."""
+    m = tr.iterate()
+    writer.write(m)
+    for w in tr.check(m):
+        life.warn(w)
+    log.info("iteration %d/%d %s", tr.iteration, tr.num_iterations, tr.describe(m))
+    if on_iteration is not None:
+        on_iteration(m)
+    last = tr.iteration == tr.num_iterations
+    if last or tr.iteration % tr.checkpoint_every == 0 or stop.requested:
+        tr.save(life.run_dir)
+        life.saved = tr.iteration
+
+
+# ------------------------------------------------------------------------------ resume checks
+def check_run_dir(run_dir: Path, command: str) -> None:
+    """One-line :class:`ResumeError` for a path that is not a run directory."""
+    name = f"resume={str(run_dir)!r}"
+    if not run_dir.exists():
+        raise ResumeError(f"{name}: no such directory")
+    if not run_dir.is_dir():
+        raise ResumeError(f"{name}: not a directory")
+    if not (run_dir / "config.yaml").is_file():
+        raise ResumeError(f"{name}: not a klppo run directory (no config.yaml); {command} "
+                          f"--resume continues a run it started")
+
+
+def metrics_records(path: Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl``, each with a whole iteration count (ResumeError naming
+    the record otherwise)."""
+    records = M.read_metrics(path)[0] if path.exists() else []
+    for n, r in enumerate(records, 1):
+        it = r.get("iteration")
+        if not isinstance(it, int) or isinstance(it, bool) or it < 1:
+            raise ResumeError(f"{path}: record {n} has iteration={short_repr(it)}, not an "
+                              f"iteration count; the file was edited or damaged (restore it, "
+                              f"or delete the run directory to start again)")
+    return records
+
+
+def check_metrics(run_dir: Path, iteration: int) -> list[dict[str, Any]]:
+    """The metrics kept up to the checkpoint's iteration; ResumeError when some are missing."""
+    path = run_dir / "metrics.jsonl"
+    kept = [r for r in metrics_records(path) if r["iteration"] <= iteration]
+    if [r["iteration"] for r in kept] != list(range(1, iteration + 1)):
+        have = "is missing" if not path.exists() else f"holds {len(kept)} of them"
+        raise ResumeError(f"{path}: the checkpoint is at iteration {iteration} but the file "
+                          f"{have}; the run cannot be resumed exactly (restore the file, or "
+                          f"delete checkpoint.pt to restart the run)")
+    return kept
