@@ -16,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,7 @@ from klppo.lm.pretrain import encode, perplexity
 from klppo.lm.reward import RewardFn, checked, make_reward
 from klppo.lm.sampling import generate, response_mask
 from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_rewards
+from klppo.runs.checkpoint import save_checkpoint
 from klppo.runs.device import resolve_device
 
 log = logging.getLogger("klppo.lm.rlhf")
@@ -142,7 +145,35 @@ class Experiment:
                                     cfg.monitor_patience, KL_UNITS[cfg.kl_unit])
         _say_what_the_choices_mean(cfg)
         self.iteration = 0
-        self.saved_iteration = 0  # the iteration of the last checkpoint written or loaded
+
+    # ------------------------------------------------ the run lifecycle's Trainer protocol
+    @property
+    def num_iterations(self) -> int:
+        return self.cfg.iterations
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.cfg.checkpoint_every
+
+    def describe(self, m: dict[str, Any]) -> str:
+        return f"score {m['score']:.4g} kl {m['kl']:.4g} ({m['kl_unit']}) beta {m['beta']:.4g}"
+
+    def check(self, m: dict[str, Any]) -> list[str]:
+        return []  # the KL monitor warns in iterate (it sees the measured KL first)
+
+    def save(self, run_dir: Path) -> None:
+        """Export the policy (a Hugging Face directory), then write the checkpoint atomically:
+        a checkpoint on disk implies a policy export at least as new."""
+        tmp, final = run_dir / ".policy.tmp", run_dir / "policy"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.policy.lm.save_pretrained(tmp)
+        self.tok.save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        save_checkpoint(run_dir, self.state_dict())
+
+    def close(self) -> None:
+        """Nothing to release (the models are freed with the object)."""
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -163,7 +194,7 @@ class Experiment:
         self.ppl_initial = float(s.get("ppl_initial", self.ppl_initial))
         if "kl_monitor" in s:
             self.kl_monitor.load_state_dict(s["kl_monitor"])
-        self.iteration = self.saved_iteration = int(s["iteration"])
+        self.iteration = int(s["iteration"])
 
     # ---------------------------------------------------------------- phases
     def prompts(self) -> torch.Tensor:

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shutil
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,29 +24,27 @@ from klppo.lm.reward import RewardFn
 from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_rewards
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
+from klppo.runs.checkpoint import CHECKPOINT
 from klppo.runs.configfile import read_config_file
 from klppo.runs.errors import ResumeError, RunFailed
+from klppo.runs.lifecycle import (
+    OnIteration,
+    RunLife,
+    check_metrics,
+    check_run_dir,
+    run_iterations,
+)
 from klppo.runs.paths import check_writable
-from klppo.runs.signals import StopRequest
 from klppo.runs.threads import compute_threads
 
 __all__ = ["RLHFResult", "RLHFError", "ResumeError", "rlhf", "resume_rlhf", "read_run_config",
            "read_checkpoint", "TIMING_KEYS", "CHECKPOINT", "score_sequences", "per_token_kl",
            "token_rewards", "distinct_n"]
 
-CHECKPOINT = "checkpoint.pt"
-
-OnIteration = Callable[[dict[str, Any]], None] | None
 
 
 class RLHFError(RunFailed):
     """A run stopped on an error; status.json says why, and its last good checkpoint is kept."""
-
-
-class _IterationFailed(Exception):
-    def __init__(self, iteration: int, error: Exception) -> None:
-        super().__init__(iteration, error)
-        self.iteration, self.error = iteration, error
 
 
 @dataclass
@@ -95,74 +90,15 @@ def _refuse_existing_run(out: Path) -> None:
                           f"`klppo rlhf --resume {out}` or choose another --out")
 
 
-def _run(exp: Experiment, run_dir: Path, lock: R.DirLock, on_iteration: OnIteration
-         ) -> RLHFResult:
-    """Iterate to the end (or a stop request) under ``lock``; record the outcome in
-    status.json; release the lock."""
-    try:
-        R.write_status(run_dir, "running", iteration=exp.iteration)
-        try:
-            status = _loop(exp, run_dir, on_iteration)
-        except KeyboardInterrupt:
-            R.write_status(run_dir, "interrupted", iteration=exp.iteration,
-                           checkpoint_iteration=exp.saved_iteration,
-                           error="interrupted at once (second signal)")
-            raise
-        except Exception as e:  # noqa: BLE001 - every failure ends as one named error
-            it, e = (e.iteration, e.error) if isinstance(e, _IterationFailed) else (0, e)
-            kept = (f"the last good checkpoint (iteration {exp.saved_iteration}) is kept"
-                    if exp.saved_iteration else "no checkpoint was written yet (a resume "
-                    "starts the run again)")
-            msg = f"iteration {it}: {type(e).__name__}: {_one_line(e)}; {kept}"
-            R.write_status(run_dir, "failed", iteration=exp.iteration, error=msg,
-                           checkpoint_iteration=exp.saved_iteration,
-                           traceback=traceback.format_exc())
-            raise RLHFError(msg) from e
-        R.write_status(run_dir, status, iteration=exp.iteration,
-                       checkpoint_iteration=exp.saved_iteration)
-    finally:
-        lock.release()
+def _run(exp: Experiment, run_dir: Path, lock: R.DirLock, on_iteration: OnIteration,
+         saved: int = 0) -> RLHFResult:
+    """Iterate to the end (or a stop request) under the shared run lifecycle, which records
+    the outcome in status.json and releases the lock."""
+    life = RunLife(run_dir, lock, saved=saved)
+    state = run_iterations(exp, life, lambda: M.MetricsWriter([M.JsonlSink(
+        run_dir / "metrics.jsonl")]), on_iteration, RLHFError)
     records, _ = M.read_metrics(run_dir / "metrics.jsonl")
-    return RLHFResult(run_dir, records, status)
-
-
-def _loop(exp: Experiment, run_dir: Path, on_iteration: OnIteration) -> str:
-    c = exp.cfg
-    sink = M.JsonlSink(run_dir / "metrics.jsonl")
-    try:
-        with StopRequest() as stop:
-            while exp.iteration < c.iterations:
-                it = exp.iteration + 1
-                try:
-                    m = exp.iterate()
-                    sink.write(it, m)
-                    if on_iteration is not None:
-                        on_iteration(m)
-                    last = it == c.iterations
-                    if last or it % c.checkpoint_every == 0 or stop.requested:
-                        _save(exp, run_dir)
-                except Exception as e:  # noqa: BLE001 - named with its iteration by _run
-                    raise _IterationFailed(it, e) from e
-                if stop.requested and not last:
-                    return "interrupted"
-    finally:
-        sink.close()
-    return "finished"
-
-
-def _save(exp: Experiment, run_dir: Path) -> None:
-    """Export the policy (a Hugging Face directory), then write the checkpoint atomically: a
-    checkpoint on disk implies a policy export at least as new."""
-    from klppo.runs.checkpoint import save_checkpoint
-
-    tmp, final = run_dir / ".policy.tmp", run_dir / "policy"
-    shutil.rmtree(tmp, ignore_errors=True)
-    exp.policy.lm.save_pretrained(tmp)
-    exp.tok.save_pretrained(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    save_checkpoint(run_dir, exp.state_dict())
-    exp.saved_iteration = exp.iteration
+    return RLHFResult(run_dir, records, state)
 
 
 def _one_line(e: BaseException) -> str:
@@ -183,7 +119,7 @@ def read_run_config(run_dir: str | Path) -> RLHFConfig:
 
 def _rlhf_config_dict(run_dir: Path) -> dict[str, Any]:
     """config.yaml of an rlhf run (without ``kind``); nothing is written on the way."""
-    _check_run_dir(run_dir)
+    check_run_dir(run_dir, "klppo rlhf")
     path = run_dir / "config.yaml"
     d = read_config_file(path, "config")
     kind = d.pop("kind", None)
@@ -191,16 +127,6 @@ def _rlhf_config_dict(run_dir: Path) -> dict[str, Any]:
         raise ResumeError(f"config={str(path)!r}: kind={kind!r}, not an rlhf run (a `klppo "
                           f"train` run resumes with `klppo train --resume`)")
     return d
-
-
-def _check_run_dir(run_dir: Path) -> None:
-    name = f"resume={str(run_dir)!r}"
-    if not run_dir.exists():
-        raise ResumeError(f"{name}: no such directory")
-    if not run_dir.is_dir():
-        raise ResumeError(f"{name}: not a directory")
-    if not (run_dir / "config.yaml").is_file():
-        raise ResumeError(f"{name}: not a klppo run directory (no config.yaml)")
 
 
 def read_checkpoint(path: Path) -> dict[str, Any] | None:
@@ -221,19 +147,6 @@ def read_checkpoint(path: Path) -> dict[str, Any] | None:
     if missing:
         raise ResumeError(f"{name}: not an rlhf checkpoint (no {', '.join(missing)}); {fix}")
     return state
-
-
-def _check_metrics(run_dir: Path, iteration: int) -> None:
-    """The metrics up to the checkpoint's iteration must all be there (they are kept)."""
-    path = run_dir / "metrics.jsonl"
-    records = M.read_metrics(path)[0] if path.exists() else []
-    kept = [r.get("iteration") for r in records
-            if isinstance(r.get("iteration"), int) and r["iteration"] <= iteration]
-    if kept != list(range(1, iteration + 1)):
-        have = "is missing" if not path.exists() else f"holds {len(kept)} of them"
-        raise ResumeError(f"metrics={str(path)!r}: the checkpoint is at iteration {iteration} "
-                          f"but the file {have}; restore the file, or delete checkpoint.pt to "
-                          f"restart the run")
 
 
 def resume_rlhf(run_dir: str | Path, reward: RewardFn | None = None,
@@ -261,14 +174,14 @@ def resume_rlhf(run_dir: str | Path, reward: RewardFn | None = None,
             return RLHFResult(run_dir, M.read_metrics(run_dir / "metrics.jsonl")[0],
                               "finished")
         M.truncate_metrics(run_dir / "metrics.jsonl", exp.iteration)
-        return _run(exp, run_dir, lock, on_iteration)
+        return _run(exp, run_dir, lock, on_iteration, saved=exp.iteration)
 
 
 def _restore(run_dir: Path, reward: RewardFn | None) -> Experiment | None:
     cfg = read_run_config(run_dir)
     state = read_checkpoint(run_dir / CHECKPOINT)
     it = int(state["iteration"]) if state else 0
-    _check_metrics(run_dir, it)
+    check_metrics(run_dir, it)
     if it >= cfg.iterations:
         M.truncate_metrics(run_dir / "metrics.jsonl", it)
         R.write_status(run_dir, "finished", iteration=it, checkpoint_iteration=it)

@@ -12,7 +12,7 @@ from klppo.rl.config import ConfigError, TrainConfig, from_dict, to_dict, valida
 from klppo.runs import checkpoint as ckpt
 from klppo.runs import rundir as R
 from klppo.runs.errors import ResumeError
-from klppo.runs.lifecycle import check_metrics, metrics_records
+from klppo.runs.lifecycle import check_metrics, check_run_dir, metrics_records
 from klppo.runs.typecheck import short_repr
 
 __all__ = ["RunTrainer", "ResumeError", "read_run_config", "check_resume", "RESUMABLE_CHANGES"]
@@ -77,12 +77,7 @@ def read_run_config(run_dir: str | Path) -> TrainConfig:
     """The validated config of a run directory; one-line errors for a missing directory, a
     missing or malformed ``config.yaml`` or bad values in it."""
     run_dir = Path(run_dir)
-    if not run_dir.exists():
-        raise ResumeError(f"resume={str(run_dir)!r}: no such directory")
-    if not run_dir.is_dir():
-        raise ResumeError(f"resume={str(run_dir)!r}: not a directory")
-    if not (run_dir / "config.yaml").exists():
-        raise ResumeError(f"resume={str(run_dir)!r}: not a klppo run directory (no config.yaml)")
+    check_run_dir(run_dir, "klppo train")
     path = run_dir / "config.yaml"
     cfg = from_dict(R.read_yaml(path), source=str(path))
     try:

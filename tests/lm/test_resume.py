@@ -173,8 +173,8 @@ def _damage(kind: str, run: Path) -> None:
     ("garbage", ["checkpoint=", "checkpoint.pt", "unreadable"]),
     ("foreign", ["checkpoint=", "not an rlhf checkpoint"]),
     ("other_model", ["checkpoint=", "does not fit this run's model"]),
-    ("short_metrics", ["metrics=", "metrics.jsonl", "iteration 3", "holds 2"]),
-    ("no_metrics", ["metrics=", "metrics.jsonl", "is missing"]),
+    ("short_metrics", ["metrics.jsonl", "iteration 3", "holds 2"]),
+    ("no_metrics", ["metrics.jsonl", "is missing"]),
 ])
 def test_resume_refuses_what_it_cannot_continue_exactly(kind, needles, tiny_model_dir, tmp_path,
                                                         capsys):
