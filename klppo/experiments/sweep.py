@@ -133,8 +133,9 @@ def _status(run_dir: Path) -> dict[str, Any]:
         st = json.loads(read_text(path, "status"))
     except InputError as e:
         raise C.ConfigError(str(e)) from None
-    except ValueError as e:
-        raise C.ConfigError(f"status={str(path)!r}: not valid JSON ({e}); restore or delete "
+    except (ValueError, RecursionError) as e:
+        raise C.ConfigError(f"status={str(path)!r}: not valid JSON ({type(e).__name__}); "
+                            f"restore or delete "
                             f"it (the run then resumes from its checkpoint)") from None
     if not isinstance(st, dict) or not isinstance(st.get("state", ""), str):
         raise C.ConfigError(f"status={str(path)!r}: {short_repr(st, 60)} is not a run status; "

@@ -119,7 +119,7 @@ def _trace_jsonl(p: Path, text: str, column: str | None, policy: str | None = No
     for i, line in enumerate(lines, 1):
         try:
             r = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             if i == len(lines) and recs:
                 continue  # a torn last line: the run was killed mid-write
             raise InputFileError(f"trace={str(p)!r}: line {i}: not JSON") from None

@@ -124,7 +124,7 @@ def policy_config(config: dict[str, Any], policy: str) -> dict[str, Any]:
 def _read_state(path: Path) -> str | None:
     try:
         status = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return status.get("state") if isinstance(status, dict) else None
 
@@ -132,7 +132,7 @@ def _read_state(path: Path) -> str | None:
 def _read_metadata(path: Path) -> dict[str, Any]:
     try:
         meta = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return meta if isinstance(meta, dict) else {}
 
@@ -234,7 +234,7 @@ def _load_run(path: Path, condition: str | None) -> tuple[Run | None, str | None
 def _sweep_targets(p: Path, skipped: list[tuple[str, str]]) -> list[tuple[Path, str | None]]:
     try:
         index = json.loads((p / "index.json").read_bytes())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise _Skip(f"index.json is unreadable ({type(e).__name__}: {e})") from None
     runs = index.get("runs") if isinstance(index, dict) else None
     if not isinstance(runs, list):

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from klppo.runs.configfile import parse_yaml, read_text
+from klppo.runs.errors import InputError
 from klppo.runs.metrics import read_numbered_metrics
 
 __all__ = ["Skip", "NUMERIC", "read_config", "read_records"]
@@ -33,14 +33,11 @@ def _number(v: Any) -> bool:
 
 
 def _yaml_mapping(path: Path) -> dict[str, Any]:
-    try:
-        config = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise Skip("config.yaml is not UTF-8 text") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise Skip(f"config.yaml is not valid YAML{where}") from None
+    try:  # the loader of every config klppo reads: YAML 1.2, no duplicate keys, bounded
+        config = parse_yaml(read_text(path, "config"), "config.yaml")
+    except InputError as e:
+        why = str(e).replace(f"config={str(path)!r}: ", "config.yaml: ")
+        raise Skip(why.replace("config.yaml: not ", "config.yaml is not ")) from None
     if config is None:
         raise Skip("config.yaml is empty")
     if not isinstance(config, dict):

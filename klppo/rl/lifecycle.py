@@ -119,7 +119,7 @@ def _check_metadata(run_dir: Path) -> None:
         return
     try:
         meta = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise ResumeError(f"{path}: unreadable ({type(e).__name__}); restore it, or delete it "
                           f"(the run's provenance is then lost)") from None
     if not isinstance(meta, dict):

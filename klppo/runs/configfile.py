@@ -98,10 +98,34 @@ def _check_size(root: yaml.Node) -> None:
     size(root)
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+# YAML 1.2 core schema for plain scalars (PyYAML implements YAML 1.1, where `010` is 8, `1_024`
+# is 1024, `yes`/`On` are true, `1:30` is 90 and `2026-01-01` is a date): only these forms are
+# numbers, booleans and null; everything else is a string, which the type checks then refuse.
+_CORE = {
+    "tag:yaml.org,2002:bool": r"true|True|TRUE|false|False|FALSE",
+    "tag:yaml.org,2002:int": r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+",
+    "tag:yaml.org,2002:float": r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+    "tag:yaml.org,2002:null": r"~|null|Null|NULL|",
+}
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _CORE
+            and tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+for _tag, _pattern in _CORE.items():
+    _Loader.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"),
+                                  list("-+0123456789.tTfFnN~") + [""])
+
+
+def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """A YAML 1.2 integer: decimal (leading zeros allowed), 0o octal or 0x hexadecimal."""
+    text = str(loader.construct_scalar(node))
+    sign, digits = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
+    base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
+    return sign * int(digits[2:] if base != 10 else digits, base)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _core_int)
 
 
 def read_text(path: str | Path, what: str) -> str:

@@ -192,7 +192,7 @@ def read_numbered_metrics(path: Path) -> tuple[list[tuple[int, dict[str, Any]]],
                 continue
             try:
                 record = json.loads(line)
-            except ValueError:  # JSONDecodeError, UnicodeDecodeError
+            except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, nesting
                 record = None
             if isinstance(record, dict):
                 records.append((number, record))

@@ -284,7 +284,7 @@ def record_resume(run_dir: Path, iteration: int, **extra: Any) -> dict[str, Any]
     path = run_dir / "metadata.json"
     try:
         meta = json.loads(path.read_text())
-    except (OSError, ValueError):  # unreadable: keep what is known from now on
+    except (OSError, ValueError, RecursionError):  # unreadable: keep what is known from now on
         meta = {"kind": "train", "note": "metadata.json was unreadable at a resume"}
     meta.setdefault("resumes", []).append(
         {"iteration": int(iteration), "time": datetime.now(timezone.utc).isoformat(),
@@ -331,5 +331,5 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
         return None
     try:
         return json.loads(p.read_text())
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
