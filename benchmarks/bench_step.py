@@ -1,10 +1,12 @@
-"""A/B timing of two versions of the fast-path minibatch step, interleaved in one process.
+"""A/B timing of two versions of the numpy minibatch step, interleaved in one process.
 
 Usage:
-    git show <rev>:klppo/nn/fastpath.py > /tmp/fastpath_old.py
-    python benchmarks/bench_step.py /tmp/fastpath_old.py klppo/nn/fastpath.py [--n 2048]
+    mkdir /tmp/old && git archive <rev> klppo | tar -x -C /tmp/old
+    python benchmarks/bench_step.py /tmp/old . [--n 2048]
 
-Both files are loaded as modules and step identical copies of a 2x64 tanh actor-critic
+Each argument is a source root holding a ``klppo`` package; both are imported side by side (the
+numpy step is ``klppo.nn.numpy.NumpyStep``, or ``klppo.nn.fastpath.FastStep`` before #20) and
+step identical copies of a 2x64 tanh actor-critic
 (CartPole sizes, clip objective, value clip 0.2) on the same minibatch, in alternating blocks, so
 the machine's drift hits both alike. Prints each version's median and best time per step, the
 median of the per-block ratios, and whether both ended with bit-identical parameters.
@@ -13,21 +15,35 @@ median of the per-block ratios, and whether both ended with bit-identical parame
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
+import sys
 import time
 
 import numpy as np
 import torch
 
-from klppo.core.loss import PPOLoss
-from klppo.nn import ActorCritic, CategoricalHead
 
-
-def load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load(root: str):
+    """``(step(batch), flat weights)`` of a fresh 2x64 CartPole actor-critic, from the klppo
+    package under ``root`` (imported apart from any other klppo already loaded)."""
+    for k in [k for k in sys.modules if k == "klppo" or k.startswith("klppo.")]:
+        del sys.modules[k]
+    sys.path.insert(0, root)
+    try:
+        loss = importlib.import_module("klppo.core.loss").PPOLoss("clip", value_clip=0.2)
+        nn = importlib.import_module("klppo.nn")
+        torch.manual_seed(0)
+        agent = nn.ActorCritic(4, nn.CategoricalHead(2))
+        try:
+            step = importlib.import_module("klppo.nn.numpy").NumpyStep(agent, loss, 3e-4, 1e-5,
+                                                                       0.5)
+            return (lambda b: step.step_arrays(*b, 0.0)), step.weights.flat
+        except ModuleNotFoundError:
+            fp = importlib.import_module("klppo.nn.fastpath")
+            old = fp.FastStep(agent, loss, 3e-4, 1e-5, 0.5, *fp.flatten_parameters(agent))
+            return (lambda b: old.step(*b, 0.0, False, False)), old.flat
+    finally:
+        sys.path.remove(root)
 
 
 def main() -> None:
@@ -44,15 +60,8 @@ def main() -> None:
              rng.standard_normal((n, 2)).astype(np.float32), np.full(n, -0.69, np.float32),
              rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32),
              rng.standard_normal(n).astype(np.float32))
-    steps = []
-    for path, name in ((args.a, "fast_a"), (args.b, "fast_b")):
-        mod = load(path, name)
-        torch.manual_seed(0)
-        agent = ActorCritic(4, CategoricalHead(2))
-        step = mod.FastStep(agent, PPOLoss("clip", value_clip=0.2), 3e-4, 1e-5, 0.5,
-                            *mod.flatten_parameters(agent))
-        steps.append(step)
-    calls = [lambda s=s: s.step(*batch, 0.0, False, False) for s in steps]
+    loaded = [load(args.a), load(args.b)]
+    calls = [lambda f=f: f(batch) for f, _ in loaded]
     for _ in range(20):
         for f in calls:
             f()
@@ -67,7 +76,7 @@ def main() -> None:
     print(f"n={n}: A median {np.median(ta):.0f} us (best {ta.min():.0f}) | "
           f"B median {np.median(tb):.0f} us (best {tb.min():.0f}) | "
           f"B/A median of block ratios {np.median(tb / ta):.3f}")
-    print("bit-identical parameters afterwards:", np.array_equal(steps[0].flat, steps[1].flat))
+    print("bit-identical parameters afterwards:", np.array_equal(loaded[0][1], loaded[1][1]))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from klppo.core.band import DEFAULT_EPS
 from klppo.core.kl import sampled_kl
 from klppo.core.surrogates import Band, partition
 
@@ -22,7 +23,7 @@ def policy_diagnostics(
     logp_new: torch.Tensor,
     logp_old: torch.Tensor,
     advantage: torch.Tensor,
-    eps: Band = 0.2,
+    eps: Band = DEFAULT_EPS,
     eps_low: Band | None = None,
     eps_high: Band | None = None,
     beta_t: torch.Tensor | None = None,

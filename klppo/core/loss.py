@@ -15,6 +15,7 @@ import torch
 
 from klppo.core._checks import check_positive, check_same_shape
 from klppo.core.advantages import NormScope, normalize_advantage
+from klppo.core.band import DEFAULT_EPS
 from klppo.core.diagnostics import policy_diagnostics
 from klppo.core.objectives import (
     OBJECTIVES,
@@ -60,7 +61,7 @@ class PPOLoss:
     def __init__(
         self,
         objective: ObjectiveName | Objective = "clip",
-        eps: float = 0.2,
+        eps: float = DEFAULT_EPS,
         eps_low: float | None = None,
         eps_high: float | None = None,
         dual_clip: float | None = None,

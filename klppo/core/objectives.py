@@ -9,7 +9,7 @@ says so once:
 * :meth:`Objective.closed_form` - the same value and its derivatives in closed form on float32
   numpy arrays: ``d obj / d logp_new`` (``w A + beta_t``, minus ``beta dk/dlogp_new`` for a
   sampled KL estimator ``k``) and ``d obj / d KL`` (``-beta`` for the analytic KL). This is what
-  the numpy fast path (:mod:`klppo.nn.fastpath`) runs; an objective without it raises
+  the numpy fast path (:mod:`klppo.nn.numpy`) runs; an objective without it raises
   :class:`NoClosedForm`, and the fast path refuses it instead of running another gradient;
 * :meth:`Objective.beta_t` - the detached per-sample coefficient (a diagnostic for the clip);
 * ``uses_beta`` (reads a controller's beta) and ``needs_kl`` (the caller must pass the analytic
@@ -17,7 +17,7 @@ says so once:
 
 The band (``eps``, asymmetric edges, dual clip) and the beta_t shape are small frozen values,
 :class:`Band` and :class:`ShapeSpec`. :data:`OBJECTIVES` is the one table from names to
-objectives; :func:`make_objective` raises for an unknown name. ``tests/nn/test_fastpath.py``
+objectives; :func:`make_objective` raises for an unknown name. ``tests/nn/numpy/test_step.py``
 generates its parity cases from this table, so a new entry is covered the moment it is added.
 
 This module uses numpy as well as torch (the closed forms run on numpy arrays).
@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from klppo.core.band import DEFAULT_EPS, kill_mask
 from klppo.core.kl import ESTIMATOR_GRADS, ESTIMATORS, sampled_kl
 from klppo.core.surrogates import (
     SHAPES,
@@ -55,7 +56,7 @@ class Band:
     ``eps`` is the symmetric radius; ``eps_low`` / ``eps_high`` override one side (DAPO: 0.2 /
     0.28). Radii may be floats or per-sample tensors (position-aware clipping)."""
 
-    eps: Any = 0.2
+    eps: Any = DEFAULT_EPS
     eps_low: Any = None
     eps_high: Any = None
     dual_clip: float | None = None
@@ -115,8 +116,7 @@ class NoClosedForm(NotImplementedError):
 def _clip_beta_np(w: np.ndarray, a: np.ndarray, wa: np.ndarray, band: Band) -> np.ndarray:
     """The clip shape's beta_t (``-w A`` on the kill set, else 0) on numpy arrays; equal bit for
     bit to :func:`~klppo.core.surrogates.per_sample_beta` (edges compared in float32 by both)."""
-    lo, hi = band.lo, band.hi
-    kill = ((w > 1 + hi) & (a > 0)) | ((w < 1 - lo) & (a < 0))
+    kill = kill_mask(w, a, band.lo, band.hi)
     if band.dual_clip is not None:
         kill |= (a < 0) & (w > band.dual_clip)
     return np.where(kill, -wa, np.float32(0))

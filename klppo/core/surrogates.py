@@ -44,6 +44,8 @@ from typing import Literal
 import torch
 
 from klppo.core._checks import check_positive, check_same_shape
+from klppo.core.band import DEFAULT_EPS, DEFAULT_EPS_HIGH_ASYMMETRIC, kill_mask, kill_sides
+from klppo.core.band import band_edges as _band
 
 Shape = Literal["clip", "asymmetric", "linear_ramp", "sigmoid", "soft_min", "spo"]
 ShapeLike = Shape | Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -65,22 +67,10 @@ __all__ = [
 ]
 
 
-def _band(eps: Band, eps_low: Band | None, eps_high: Band | None) -> tuple[Band, Band]:
-    lo = eps if eps_low is None else eps_low
-    hi = eps if eps_high is None else eps_high
-    for name, v in (("eps_low", lo), ("eps_high", hi)):
-        if isinstance(v, torch.Tensor):
-            if not bool((v > 0).all()):
-                raise ValueError(f"{name} must be > 0 everywhere, got min {v.min().item()}")
-        else:
-            check_positive(name if eps_low is not None or eps_high is not None else "eps", v)
-    return lo, hi
-
-
 def partition(
     ratio: torch.Tensor,
     advantage: torch.Tensor,
-    eps: Band = 0.2,
+    eps: Band = DEFAULT_EPS,
     eps_low: Band | None = None,
     eps_high: Band | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -98,12 +88,8 @@ def partition(
     check_same_shape(ratio=ratio, advantage=advantage)
     lo, hi = _band(eps, eps_low, eps_high)
     w = ratio.detach()
-    above = w > 1 + hi
-    below = w < 1 - lo
-    pos = advantage > 0
-    neg = advantage < 0
-    kill = (above & pos) | (below & neg)
-    pass_ = (above & neg) | (below & pos)
+    kill = kill_mask(w, advantage, lo, hi)
+    pass_ = ((w > 1 + hi) & (advantage < 0)) | ((w < 1 - lo) & (advantage > 0))
     in_ = ~(kill | pass_)
     return in_, pass_, kill
 
@@ -111,7 +97,7 @@ def partition(
 def harm_distance(
     ratio: torch.Tensor,
     advantage: torch.Tensor,
-    eps: Band = 0.2,
+    eps: Band = DEFAULT_EPS,
     eps_low: Band | None = None,
     eps_high: Band | None = None,
 ) -> torch.Tensor:
@@ -139,7 +125,7 @@ def unclipped_objective(ratio: torch.Tensor, advantage: torch.Tensor) -> torch.T
 def clip_objective(
     ratio: torch.Tensor,
     advantage: torch.Tensor,
-    eps: Band = 0.2,
+    eps: Band = DEFAULT_EPS,
     eps_low: Band | None = None,
     eps_high: Band | None = None,
     dual_clip: float | None = None,
@@ -178,7 +164,7 @@ def _clamp_band(ratio: torch.Tensor, lo: Band, hi: Band) -> torch.Tensor:
 def phi_penalty(
     ratio: torch.Tensor,
     advantage: torch.Tensor,
-    eps: Band = 0.2,
+    eps: Band = DEFAULT_EPS,
     eps_low: Band | None = None,
     eps_high: Band | None = None,
 ) -> torch.Tensor:
@@ -189,8 +175,7 @@ def phi_penalty(
     """
     check_same_shape(ratio=ratio, advantage=advantage)
     lo, hi = _band(eps, eps_low, eps_high)
-    up = (ratio > 1 + hi) & (advantage > 0)
-    down = (ratio < 1 - lo) & (advantage < 0)
+    up, down = kill_sides(ratio, advantage, lo, hi)
     zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
     phi = torch.where(up, (ratio - (1 + hi)) * advantage, zero)
     return torch.where(down, (ratio - (1 - lo)) * advantage, phi)
@@ -235,7 +220,7 @@ def _softness(name: str, s: Band | None) -> Band:
 def per_sample_beta(
     ratio: torch.Tensor,
     advantage: torch.Tensor,
-    eps: Band = 0.2,
+    eps: Band = DEFAULT_EPS,
     shape: ShapeLike = "clip",
     softness: Band | None = None,
     eps_low: Band | None = None,
@@ -283,13 +268,13 @@ def _beta(
     elif shape == "clip" or (shape == "asymmetric" and softness_low is None
                              and softness_high is None and softness is None):
         if shape == "asymmetric" and eps_high is None:
-            eps_high = 0.28
+            eps_high = DEFAULT_EPS_HIGH_ASYMMETRIC
         lo, hi = _band(eps, eps_low, eps_high)
-        kill = ((w > 1 + hi) & (a > 0)) | ((w < 1 - lo) & (a < 0))
+        kill = kill_mask(w, a, lo, hi)
         beta = torch.where(kill, -wa, zero)
     elif shape == "asymmetric":
         if eps_high is None:
-            eps_high = 0.28
+            eps_high = DEFAULT_EPS_HIGH_ASYMMETRIC
         s_lo = _softness("asymmetric", softness_low if softness_low is not None else softness)
         s_hi = _softness("asymmetric", softness_high if softness_high is not None else softness)
         d = _harm_distance(w, a, eps, eps_low, eps_high)
@@ -332,7 +317,7 @@ def per_sample_kl_objective(
     logp_new: torch.Tensor,
     logp_old: torch.Tensor,
     advantage: torch.Tensor,
-    eps: Band = 0.2,
+    eps: Band = DEFAULT_EPS,
     shape: ShapeLike = "clip",
     softness: Band | None = None,
     *,

@@ -1,10 +1,10 @@
-"""Two step backends behind one contract, and the one factory that chooses them.
+"""Two step backends behind one contract (:mod:`klppo.nn.step`), and the one factory that chooses.
 
 A backend applies one PPO minibatch step: ``begin(batch, advantages)`` once per update, then
 ``step(idx, beta) -> StepResult`` per minibatch. :class:`TorchStep` runs torch autograd and
-:class:`ClippedAdam` on any ``ActorCritic``; :class:`NumpyStep` runs the numpy fast path
-(:mod:`klppo.nn.fastpath`: MLP forward/backward and Adam in numpy, the loss gradient from the core's
-objective). Both keep their optimiser state in one format (flat Adam moments, see
+:class:`ClippedAdam` on any ``ActorCritic``; :class:`~klppo.nn.numpy.NumpyStep` runs the numpy
+fast path (:mod:`klppo.nn.numpy`: MLP forward/backward and Adam in numpy, the loss gradient from
+the core's objective). Both keep their optimiser state in one format (flat Adam moments, see
 :meth:`ClippedAdam.state_dict`), so a checkpoint does not depend on the backend that wrote it.
 
 :func:`make_backend` picks the numpy backend when ``fast_path`` is on and the fast path can serve
@@ -15,15 +15,14 @@ same choice (``backend.fast``), so ``fast_path=False`` runs no numpy code at all
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from klppo.core.loss import PPOLoss
 from klppo.nn.actor_critic import ActorCritic
-from klppo.nn.fastpath import FastStep, fast_path_refusal, flatten_parameters
+from klppo.nn.numpy import NumpyStep, fast_path_refusal
+from klppo.nn.step import StepBackend, StepResult
 from klppo.rl.config import PPOConfig
 from klppo.rl.optim import ClippedAdam
 from klppo.runs.device import resolve_device
@@ -33,60 +32,12 @@ log = logging.getLogger(__name__)
 __all__ = ["StepResult", "TorchStep", "NumpyStep", "make_backend", "resolve_device"]
 
 
-@dataclass
-class StepResult:
-    """One step's detached per-sample outputs (tensors or numpy arrays), its loss terms (0-d
-    tensors or floats) and the pre-clip gradient norm."""
-
-    idx: Any
-    logp: Any
-    values: Any
-    entropy: Any
-    kl: Any
-    adv: Any
-    grad_norm: Any
-    terms: dict[str, Any]
-
-    @property
-    def controller_kl(self) -> Any:
-        """KL(old || new) for a minibatch/epoch-cadence controller, nats per sample: the KL the
-        penalty used (analytic or sampled), else the mean analytic KL."""
-        if "kl_penalty" in self.terms:
-            return self.terms["kl_penalty"]
-        return self.kl.mean() if isinstance(self.kl, torch.Tensor) else float(np.mean(self.kl))
-
-
 def _cpu(t: torch.Tensor) -> torch.Tensor:
     """Detached, on the CPU (a no-op there)."""
     return t.detach().cpu()
 
 
-def _k3(log_r: torch.Tensor) -> float:
-    return float((log_r.expm1() - log_r).mean())
-
-
-class _Backend:
-    """What both backends share: the optimiser's lr and state, and the k3 early-stop check
-    (``agent``, ``optimizer``, ``batch`` and ``device`` are set by the subclasses)."""
-
-    def k3(self, idx: torch.Tensor) -> float:
-        """Sampled k3 KL(old || current) on a minibatch, before stepping on it."""
-        b, idx = self.batch, idx.to(self.device)
-        with torch.no_grad():
-            params = self.agent.policy_params(b.obs[idx])
-            return _k3(self.agent.head.log_prob(params, b.actions[idx]) - b.logp[idx])
-
-    def set_lr(self, lr: float) -> None:
-        self.optimizer.set_lr(lr)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(s)
-
-
-class TorchStep(_Backend):
+class TorchStep(StepBackend):
     """Autograd through ``PPOLoss`` and a fused clipped Adam; any network."""
 
     fast = False
@@ -100,7 +51,6 @@ class TorchStep(_Backend):
     def begin(self, batch: Any, adv: torch.Tensor) -> None:
         """Keep the rollout (on the network's device) for this update's minibatches."""
         self.batch, self.adv = batch.to(self.device), adv.to(self.device)
-
 
     def step(self, idx: torch.Tensor, beta: float) -> StepResult:
         """One step; the detached outputs come back on the CPU (the diagnostics' device)."""
@@ -127,42 +77,6 @@ class TorchStep(_Backend):
         return float(self.head.kl(b.params, self.agent.policy_params(b.obs)).mean())
 
 
-
-class NumpyStep(_Backend):
-    """The numpy fast path (:class:`~klppo.nn.fastpath.FastStep`) on the same contract."""
-
-    fast = True
-    device = torch.device("cpu")
-
-    def __init__(self, agent: ActorCritic, loss: PPOLoss, p: PPOConfig) -> None:
-        self.agent, self.loss, self.p = agent, loss, p
-        flat, spans = flatten_parameters(agent)  # before anything takes views of the weights
-        self.optimizer = FastStep(agent, loss, p.lr, p.adam_eps, p.max_grad_norm, flat, spans)
-
-    def begin(self, batch: Any, adv: torch.Tensor) -> None:
-        self.batch = batch
-        self.np = {k: getattr(batch, k).numpy() for k in ("obs", "actions", "logp", "params",
-                                                          "values", "returns")}
-        self.adv = adv.numpy()
-
-
-    def step(self, idx: torch.Tensor, beta: float) -> StepResult:
-        i, npb = idx.numpy(), self.np  # ndarray.take: np.take's result without its dispatch
-        a_i = self.adv.take(i)
-        r = self.optimizer.step(
-            npb["obs"].take(i, 0), npb["actions"].take(i, 0), npb["params"].take(i, 0),
-            npb["logp"].take(i), a_i, npb["returns"].take(i), npb["values"].take(i), beta,
-            self.p.ent_coef > 0, self.loss.needs_analytic_kl)
-        terms = {k: r[k] for k in ("loss", "loss_objective", "loss_critic", "loss_entropy",
-                                   "kl_penalty") if k in r}
-        return StepResult(i, r["logp"], r["values"], r["entropy"], r["kl"], a_i,
-                          r["grad_norm"], terms)
-
-    def policy_kl(self, batch: Any) -> float:
-        return self.optimizer.policy_kl(batch.obs.numpy(), batch.params.numpy())
-
-
-
 def make_backend(agent: ActorCritic, loss: PPOLoss, p: PPOConfig, fast_path: bool,
                  device: str = "cpu") -> TorchStep | NumpyStep:
     """The numpy backend when asked for and able to serve this network and objective exactly;
@@ -175,7 +89,7 @@ def make_backend(agent: ActorCritic, loss: PPOLoss, p: PPOConfig, fast_path: boo
             if dev.type != "cpu":
                 log.warning("device %s: the numpy fast path runs on the CPU; add --no-fast-path "
                             "to train on %s with torch", dev, dev)
-            return NumpyStep(agent, loss, p)
+            return NumpyStep(agent, loss, p.lr, p.adam_eps, p.max_grad_norm)
         log.warning("numpy fast path off: %s; rolling out and updating with torch", why)
     agent.to(dev)
     return TorchStep(agent, loss, p)

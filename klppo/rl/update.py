@@ -20,9 +20,10 @@ from klppo.core._checks import validation
 from klppo.core.advantages import normalize_advantage
 from klppo.core.controllers import KLController
 from klppo.core.diagnostics import policy_diagnostics
+from klppo.core.kl import k3
 from klppo.core.loss import PPOLoss
 from klppo.core.values import value_loss
-from klppo.rl.backends import StepResult
+from klppo.nn.step import StepResult
 from klppo.rl.config import TrainConfig
 
 __all__ = ["Batch", "UpdateResult", "Schedule", "Learner", "make_loss"]
@@ -116,7 +117,7 @@ class Schedule:
             self._update(d, len(batch))
         if self.cfg.ppo.early_stop == "epoch" and last is not None:
             log_r = torch.as_tensor(last.logp) - batch.logp[torch.as_tensor(last.idx)]
-            if float((log_r.expm1() - log_r).mean()) > self.cfg.ppo.target_kl:
+            if float(k3(log_r).mean()) > self.cfg.ppo.target_kl:
                 self.early_stopped = True
         return self.early_stopped
 

@@ -43,8 +43,10 @@ def config(case):
 def learner(cfg, agent, backend_cls):
     loss = make_loss(cfg)
     ctrl = make_controller(cfg.kl.controller, **cfg.kl.controller_options())
-    return Learner(cfg, backend_cls(agent, loss, cfg.ppo), loss, ctrl,
-                   torch.Generator().manual_seed(7))
+    p = cfg.ppo
+    backend = (NumpyStep(agent, loss, p.lr, p.adam_eps, p.max_grad_norm)
+               if backend_cls is NumpyStep else backend_cls(agent, loss, p))
+    return Learner(cfg, backend, loss, ctrl, torch.Generator().manual_seed(7))
 
 
 @pytest.mark.parametrize("case", list(CASES))

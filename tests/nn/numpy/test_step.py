@@ -8,7 +8,8 @@ from klppo.core.loss import PPOLoss
 from klppo.core.objectives import KL_ESTIMATOR_CHOICES, OBJECTIVES
 from klppo.core.surrogates import SHAPES
 from klppo.nn import ActorCritic, CategoricalHead, DiagGaussianHead
-from klppo.nn.fastpath import FastStep, flatten_parameters, supports_fast_path
+from klppo.nn.numpy import FastPathUnsupported, NumpyStep, flat_weights, supports_fast_path
+from klppo.nn.numpy.closed_form import loss_grads
 
 
 def make_batches(agent, head, rng, count, n, obs_dim, old_shift=None):
@@ -70,8 +71,6 @@ VALUE_LOSSES = [pytest.param({"value_loss": k, "value_clip": c}, id=f"{k}-clip{c
 def test_generated_parity_per_sample_gradients(value_opts, objective, opts):
     """The generated parity table, loss level: the fast path's per-sample d loss / d (logp_new,
     value, entropy, analytic KL) and loss terms equal autograd's on ``PPOLoss``."""
-    from klppo.nn.fastpath import _loss_grads
-
     ent = 0.01 if opts["kl_estimator"] in ("analytic", "k3") else 0.0
     norm = "minibatch" if objective == "unclipped" else "none"
     loss = PPOLoss(objective, ent_coef=ent, **opts, **value_opts, normalize_advantage=norm)
@@ -86,7 +85,7 @@ def test_generated_parity_per_sample_gradients(value_opts, objective, opts):
     out = loss(leaves["logp"], lo, adv, leaves["values"], ret, vold, leaves["entropy"],
                leaves["kl"] if loss.needs_analytic_kl else None, 0.7, diagnostics=False)
     auto = torch.autograd.grad(out["loss"], list(leaves.values()), allow_unused=True)
-    terms, *fast = _loss_grads(loss, *(v.numpy() for v in (
+    terms, *fast = loss_grads(loss, *(v.numpy() for v in (
         x["logp"], lo, adv, x["values"], ret, vold, x["entropy"], x["kl"])), 0.7)
     for name, a, f in zip(leaves, auto, fast):
         a = torch.zeros(n) if a is None else a
@@ -129,23 +128,22 @@ def _check_parity(head, objective, ent_coef, opts):
     batches = make_batches(agent, h, rng, count=4, n=64, obs_dim=5)
     start = [q.detach().clone() for q in ref.parameters()]
     reference_steps(ref, loss, batches, beta=0.7)
-    flat, spans = flatten_parameters(agent)
-    step = FastStep(agent, loss, 3e-4, 1e-5, 0.5, flat, spans)
+    step = NumpyStep(agent, loss, 3e-4, 1e-5, 0.5)
     for obs, act, old, lo, adv, ret, vold in batches:
-        step.step(obs, act, old, lo, adv, ret, vold, 0.7, ent_coef > 0, loss.needs_analytic_kl)
+        step.step_arrays(obs, act, old, lo, adv, ret, vold, 0.7)
     for (name, p), q in zip(agent.named_parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=2e-6, rtol=1e-5), name
     obs, _, old = batches[0][:3]
     with torch.no_grad():
         expect = h.kl(torch.from_numpy(old), agent.policy_params(torch.from_numpy(obs))).mean()
-    assert step.policy_kl(obs, old) == pytest.approx(float(expect), rel=1e-4, abs=1e-7)
+    assert step.policy_kl_arrays(obs, old) == pytest.approx(float(expect), rel=1e-4, abs=1e-7)
     assert all(not torch.equal(a, b) for a, b in zip(start, ref.parameters()))  # they moved
 
 
 def test_flatten_keeps_values_and_makes_views():
     agent = ActorCritic(3, CategoricalHead(2))
     before = [p.detach().clone() for p in agent.parameters()]
-    flat, spans = flatten_parameters(agent)
+    flat = flat_weights(agent).flat
     assert all(torch.equal(a, b) for a, b in zip(before, agent.parameters()))
     flat[:] = 0
     assert all(float(p.detach().abs().sum()) == 0 for p in agent.parameters())
@@ -166,9 +164,9 @@ def test_fast_step_any_depth_and_width(hidden):
     loss = PPOLoss("clip")
     batches = make_batches(agent, h, rng, count=3, n=128, obs_dim=6, old_shift=0.3)
     reference_steps(ref, loss, batches, beta=0.0)
-    step = FastStep(agent, loss, 3e-4, 1e-5, 0.5, *flatten_parameters(agent))
+    step = NumpyStep(agent, loss, 3e-4, 1e-5, 0.5)
     for b in batches:
-        step.step(*b, 0.0, False, False)
+        step.step_arrays(*b, 0.0)
     for (name, p), q in zip(agent.named_parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=2e-6, rtol=1e-5), name
 
@@ -188,18 +186,16 @@ def _tilted_class():
 
 def test_an_objective_without_closed_form_cannot_reach_the_fast_path(monkeypatch, tmp_path,
                                                                     caplog):
-    """Fail closed: FastStep refuses it, and the trainer falls back to torch (rollout and
+    """Fail closed: NumpyStep refuses it, and the trainer falls back to torch (rollout and
     update) with a logged reason: the run equals a fast_path=False run exactly."""
     import dataclasses
 
     from klppo import rl
-    from klppo.nn.fastpath import FastPathUnsupported
 
     monkeypatch.setitem(OBJECTIVES, "tilted", _tilted_class())
     agent = ActorCritic(4, CategoricalHead(2))
-    flat, spans = flatten_parameters(agent)
     with pytest.raises(FastPathUnsupported, match="'tilted' has no closed-form derivative"):
-        FastStep(agent, PPOLoss("tilted"), 3e-4, 1e-5, 0.5, flat, spans)
+        NumpyStep(agent, PPOLoss("tilted"), 3e-4, 1e-5, 0.5)
     cfg = dataclasses.replace(rl.preset("klip/cartpole"), objective="tilted", total_steps=1024,
                               tensorboard=False, out=str(tmp_path / "a"))
     a = rl.train(cfg)

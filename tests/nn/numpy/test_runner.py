@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from klppo.nn import ActorCritic, CategoricalHead, DiagGaussianHead
-from klppo.nn.runners import NumpyMLPRunner, TorchRunner, make_runner
+from klppo.nn.numpy import NumpyRunner, flat_weights
+from klppo.nn.runners import TorchRunner, make_runner
 
 
 def reference_categorical(agent, rng, obs):
@@ -24,7 +25,7 @@ def reference_categorical(agent, rng, obs):
 def test_numpy_runner_samples_like_the_reference(k):
     torch.manual_seed(k)
     agent = ActorCritic(5, CategoricalHead(k))
-    runner = NumpyMLPRunner(agent, seed=3)
+    runner = NumpyRunner(agent, flat_weights(agent), seed=3)
     rng = np.random.Generator(np.random.PCG64(3))
     obs = np.random.default_rng(0).standard_normal((4096, 5)).astype(np.float32) * 3
     action, logp, params, value = runner.act(obs)
@@ -40,7 +41,7 @@ def test_numpy_runner_samples_like_the_reference(k):
 def test_categorical_frequencies_follow_the_probabilities():
     torch.manual_seed(0)
     agent = ActorCritic(3, CategoricalHead(3))
-    runner = NumpyMLPRunner(agent, seed=0)
+    runner = NumpyRunner(agent, flat_weights(agent), seed=0)
     obs = np.tile(np.array([[0.5, -1.0, 2.0]], np.float32), (200_000, 1))
     action, logp, params, _ = runner.act(obs)
     probs = torch.softmax(torch.from_numpy(params[0]), 0).numpy()
@@ -54,7 +55,7 @@ def test_gaussian_runner_logp_matches_the_head():
     torch.manual_seed(0)
     agent = ActorCritic(4, DiagGaussianHead(2), log_std_init=-0.5)
     runner = make_runner(agent, seed=1)
-    assert isinstance(runner, NumpyMLPRunner)
+    assert isinstance(runner, NumpyRunner)
     obs = np.random.default_rng(1).standard_normal((512, 4)).astype(np.float32)
     action, logp, params, _ = runner.act(obs)
     expect = agent.head.log_prob(torch.from_numpy(params), torch.from_numpy(action))

@@ -1,0 +1,61 @@
+"""The PPO loss and its per-sample gradient in closed form, on float32 numpy arrays.
+
+The policy part is the objective's own closed form
+(:meth:`klppo.core.objectives.Objective.closed_form`: ``d obj / d logp_new = w A + beta_t``,
+minus ``beta dk/dlogp_new`` for a sampled KL estimator, and ``d obj / d KL = -beta`` for the
+analytic one), the critic part the value loss's (:func:`klppo.core.values.value_loss_closed_form`)
+and the entropy bonus ``-ent_coef H``. The same :class:`~klppo.core.loss.PPOLoss` settings drive
+it; ``tests/nn/numpy/test_step.py`` compares it with autograd on ``PPOLoss`` for every objective
+and value-loss kind.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from klppo.core.advantages import normalize_advantage
+from klppo.core.loss import PPOLoss
+from klppo.core.values import value_loss_closed_form
+
+__all__ = ["loss_grads", "mean"]
+
+
+def mean(x: np.ndarray) -> float:
+    """``float(x.mean())`` for a 1-D float array, bit for bit (numpy sums pairwise, divides in
+    double and rounds to the array's type), without ``np.mean``'s Python-level overhead."""
+    return float(x.dtype.type(float(np.add.reduce(x)) / x.shape[0]))
+
+
+def loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, entropy, kl,
+               beta: float):
+    """Loss terms and d loss / d (logp_new, value, entropy, analytic KL) per sample.
+
+    Inputs are float32 ``[n]``. Returns ``(terms, g_logp, g_value, g_entropy, g_kl)``: the loss
+    terms as floats (``loss``, ``loss_objective``, ``loss_critic``, ``loss_entropy`` and
+    ``kl_penalty`` for a penalty) and gradients of the *loss* (minimised), averaged over the
+    ``n`` samples like ``PPOLoss``; ``g_entropy`` / ``g_kl`` are None when the loss does not
+    depend on them.
+    """
+    n = logp.shape[0]
+    inv_n = np.float32(1.0 / n)
+    a = normalize_advantage(adv) if loss.normalize_advantage == "minibatch" else adv
+    log_w = logp - logp_old
+    w = np.exp(log_w)
+    form = loss.policy.closed_form(w, a, w * a, logp, log_w, kl, beta)
+    terms: dict[str, float] = {}
+    if form.penalty is not None:
+        terms["kl_penalty"] = mean(form.penalty)
+    g_logp = (-inv_n * form.d_logp).astype(np.float32)
+    g_kl = None if form.d_kl is None else -inv_n * form.d_kl
+    v_loss, g_v = value_loss_closed_form(value, returns, old_values, loss.value_clip,
+                                         loss.value_loss_kind)
+    g_val = (np.float32(loss.vf_coef) * inv_n * g_v).astype(np.float32)
+    # no entropy bonus: no entropy gradient (adding its zeros would change nothing)
+    g_ent = (np.full(n, -np.float32(loss.ent_coef) * inv_n, np.float32) if loss.ent_coef
+             else None)
+    loss_obj = -mean(form.value)
+    loss_critic = loss.vf_coef * mean(v_loss)
+    loss_ent = -loss.ent_coef * mean(entropy)
+    terms.update(loss_objective=loss_obj, loss_critic=loss_critic, loss_entropy=loss_ent,
+                 loss=loss_obj + loss_critic + loss_ent)
+    return terms, g_logp, g_val, g_ent, g_kl
