@@ -132,7 +132,7 @@ def _rlhf_config_dict(run_dir: Path) -> dict[str, Any]:
 def read_checkpoint(path: Path) -> dict[str, Any] | None:
     """The state in an rlhf ``checkpoint.pt``; None when there is none; :class:`ResumeError`
     (one line naming the file) when it is empty, truncated, corrupt or of another kind."""
-    from klppo.runs.checkpoint import CheckpointError, load_data
+    from klppo.runs.checkpoint import CheckpointError, check_finite, load_data
 
     if not path.exists():
         return None
@@ -146,6 +146,10 @@ def read_checkpoint(path: Path) -> dict[str, Any] | None:
     missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else STATE_KEYS
     if missing:
         raise ResumeError(f"{name}: not an rlhf checkpoint (no {', '.join(missing)}); {fix}")
+    try:
+        check_finite(state, path)
+    except CheckpointError as e:
+        raise ResumeError(f"{name}: {str(e).removeprefix(f'{path}: ')}") from None
     return state
 
 

@@ -152,4 +152,11 @@ def check_resume(run_dir: Path, cfg: TrainConfig,
                           f"{short_repr(step)} does not fit this run's config (batch "
                           f"{cfg.batch_size}, {cfg.num_iterations} iterations): a checkpoint "
                           f"of another run?")
-    return check_metrics(run_dir, iteration)
+    kept = check_metrics(run_dir, iteration)
+    for r in kept:
+        if r.get("global_step") != r["iteration"] * cfg.batch_size:
+            raise ResumeError(f"{run_dir / 'metrics.jsonl'}: iteration {r['iteration']} has "
+                              f"global_step={short_repr(r.get('global_step'))}, not "
+                              f"{r['iteration'] * cfg.batch_size} (batch {cfg.batch_size}); "
+                              f"the file was edited or is another run's")
+    return kept

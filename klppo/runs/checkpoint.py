@@ -10,6 +10,7 @@ load.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import re
 import zipfile
@@ -24,7 +25,8 @@ from klppo.runs.rundir import atomic_write_bytes
 
 CHECKPOINT = "checkpoint.pt"
 
-__all__ = ["CHECKPOINT", "CheckpointError", "save_checkpoint", "load_checkpoint", "load_data"]
+__all__ = ["CHECKPOINT", "CheckpointError", "save_checkpoint", "load_checkpoint", "load_data",
+           "check_finite"]
 
 _MULTIARRAY = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
 #: the only globals a checkpoint may name: numpy arrays, their dtypes and numpy scalars
@@ -55,7 +57,40 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or not isinstance(state.get("iteration"), int) \
             or isinstance(state["iteration"], bool) or state["iteration"] < 0:
         raise CheckpointError(f"{path}: not a klppo training checkpoint (no iteration count)")
+    check_finite(state, path)
     return state
+
+
+def check_finite(state: Any, path: Path) -> None:
+    """A checkpoint klppo wrote holds no NaN anywhere and no infinity in a tensor or an array
+    (weights, optimiser moments, normalisers, episode sums; a bound such as ``beta_max`` may be
+    an infinite number). CheckpointError naming the first entry otherwise."""
+    bad = _non_finite(state, "")
+    if bad is not None:
+        raise CheckpointError(f"{path}: {bad or 'the state'} holds a non-finite value; klppo "
+                              f"never writes one, so the file was damaged or forged")
+
+
+def _non_finite(x: Any, where: str) -> str | None:
+    if isinstance(x, dict):
+        items: Any = x.items()
+    elif isinstance(x, (list, tuple)):
+        items = enumerate(x)
+    elif isinstance(x, torch.Tensor):
+        ok = not x.is_floating_point() or bool(torch.isfinite(x).all())
+        return None if ok else where
+    elif isinstance(x, np.ndarray):
+        ok = x.dtype.kind not in "fc" or bool(np.isfinite(x).all())
+        return None if ok else where
+    elif isinstance(x, (float, np.floating)):
+        return where if math.isnan(x) else None
+    else:
+        return None
+    for k, v in items:
+        found = _non_finite(v, f"{where}.{k}" if where else str(k))
+        if found is not None:
+            return found
+    return None
 
 
 def load_data(path: Path, remedy: str) -> Any:

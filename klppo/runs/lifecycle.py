@@ -159,16 +159,25 @@ def check_run_dir(run_dir: Path, command: str) -> None:
 
 
 def metrics_records(path: Path) -> list[dict[str, Any]]:
-    """The records of ``metrics.jsonl``, each with a whole iteration count (ResumeError naming
-    the record otherwise)."""
-    records = M.read_metrics(path)[0] if path.exists() else []
-    for n, r in enumerate(records, 1):
+    """The records of ``metrics.jsonl``, each a JSON object with a whole iteration count; a
+    torn last line (a kill mid-write) is dropped. ResumeError naming the line otherwise."""
+    if not path.exists():
+        return []
+    numbered, _ = M.read_numbered_metrics(path)
+    lines = [n for n, text in enumerate(path.read_bytes().splitlines(), 1) if text.strip()]
+    good = {n for n, _ in numbered}
+    damaged = [n for n in lines[:-1] if n not in good]
+    if damaged:
+        raise ResumeError(f"{path}: line {damaged[0]} is not a metrics record (not a JSON "
+                          f"object); the file was edited or damaged (restore it, or delete "
+                          f"the run directory to start again)")
+    for n, r in numbered:
         it = r.get("iteration")
         if not isinstance(it, int) or isinstance(it, bool) or it < 1:
-            raise ResumeError(f"{path}: record {n} has iteration={short_repr(it)}, not an "
+            raise ResumeError(f"{path}: line {n} has iteration={short_repr(it)}, not an "
                               f"iteration count; the file was edited or damaged (restore it, "
                               f"or delete the run directory to start again)")
-    return records
+    return [r for _, r in numbered]
 
 
 def check_metrics(run_dir: Path, iteration: int) -> list[dict[str, Any]]:

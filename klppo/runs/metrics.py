@@ -84,7 +84,8 @@ class JsonlSink:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                           0o644)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         data = (json.dumps({k: _json_safe(v) for k, v in metrics.items()}) + "\n").encode()

@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -65,7 +66,17 @@ class DirLock:
         self._fd: int | None = None
 
     def acquire(self) -> DirLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link: a run directory must not make klppo write elsewhere
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise
+            fd = -1
+        if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+            if fd >= 0:
+                os.close(fd)
+            raise DirBusyError(f"{self.path}: not a plain file (a link, a directory or a "
+                               f"device); klppo writes only its own lock file there: remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

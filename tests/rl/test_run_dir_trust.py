@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -124,6 +125,43 @@ def _edit_state(**changes):
     return damage
 
 
+def _poison(*keys: str, value: float = float("nan")):
+    """Set one entry of the checkpoint (a tensor or array: all of it) to a non-finite value."""
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        state = torch.load(run / "checkpoint.pt", weights_only=False)
+        node = state
+        for k in keys[:-1]:
+            node = node[k]
+        old = node[keys[-1]]
+        node[keys[-1]] = (torch.full_like(old, value) if isinstance(old, torch.Tensor) else
+                          np.full_like(old, value) if isinstance(old, np.ndarray) else value)
+        torch.save(state, run / "checkpoint.pt")
+    return damage
+
+
+def _insert_line(after: int, text: str):
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        lines.insert(after, text)
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return damage
+
+
+def _metrics_field(n: int, **fields):
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        lines[n] = json.dumps({**json.loads(lines[n]), **fields})
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return damage
+
+
+def _lock_link(run: Path, runs: dict[str, Path]) -> None:
+    victim = run.parent / "victim.txt"
+    victim.write_text("precious")
+    (run / ".lock").unlink(missing_ok=True)
+    (run / ".lock").symlink_to(victim)
+
+
 def _write(name: str, text: str):
     def damage(run: Path, runs: dict[str, Path]) -> None:
         (run / name).write_text(text)
@@ -183,6 +221,18 @@ REFUSED = {
     "metrics_iteration_float": (_metrics_line(1, 1.0), "iteration=1.0"),
     "metrics_iteration_bool": (_metrics_line(0, True), "iteration=True"),
     "metrics_iteration_zero": (_metrics_line(0, 0), "iteration=0"),
+    "weights_nan": (_poison("agent", "actor.0.weight"), "agent.actor.0.weight holds a non-finite"),
+    "weights_inf": (_poison("agent", "actor.4.bias", value=float("inf")), "agent.actor.4.bias"),
+    "optimizer_moment_nan": (_poison("optimizer", "v"), "non-finite"),
+    "episode_sums_nan": (_poison("collector", "ep_return"), "collector.ep_return"),
+    "controller_beta_nan": (_poison("controller", "beta"), "controller.beta"),
+    "metadata_nested_deeply": (_write("metadata.json", "[" * 100_000 + "]" * 100_000),
+                               "metadata.json: unreadable"),
+    "metrics_line_nested_deeply": (_insert_line(2, "[" * 100_000 + "]" * 100_000),
+                                   "line 3 is not a metrics record"),
+    "metrics_junk_line": (_insert_line(1, "[1]"), "line 2 is not a metrics record"),
+    "metrics_global_step_edited": (_metrics_field(1, global_step=999), "global_step=999"),
+    "lock_is_a_link": (_lock_link, "not a plain file"),
 }
 
 
@@ -205,6 +255,9 @@ def test_a_resume_of_mismatched_files_is_refused_in_one_line(case, runs, tmp_pat
     assert len(lines) == 1 and lines[0].startswith("klppo train: "), err
     assert needle in lines[0] and "Traceback" not in err, lines[0]
     assert _snapshot(run) == before
+    if case == "lock_is_a_link":  # refused before the lock: status.json is not ours to write
+        assert (run.parent / "victim.txt").read_text() == "precious"
+        return
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "failed" and status["error"] == lines[0][len("klppo train: "):]
 
@@ -233,3 +286,19 @@ def test_a_run_killed_before_its_first_checkpoint_restarts(runs, tmp_path):
     drop = rl.trainer.TIMING_KEYS
     assert [{k: v for k, v in r.items() if k not in drop} for r in res.metrics] == \
         [{k: v for k, v in r.items() if k not in drop} for r in full]
+
+
+@pytest.mark.parametrize("reader", ["eval", "load"])
+def test_non_finite_weights_are_refused_by_eval_and_load(reader, runs, tmp_path, capsys):
+    run = tmp_path / "r"
+    shutil.copytree(runs["base"], run)
+    _poison("agent", "actor.0.weight")(run, runs)
+    if reader == "eval":
+        assert run_main(["eval", str(run), "--episodes", "1"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "actor.0.weight holds a non-finite value" in line
+    else:
+        from klppo.runs.checkpoint import CheckpointError
+
+        with pytest.raises(CheckpointError, match="non-finite"):
+            klppo.load(run)
