@@ -15,7 +15,7 @@ from typing import Any
 from klppo.runs.typecheck import short_repr
 
 __all__ = ["check", "MAX_NUM_ENVS", "MAX_ROLLOUT", "MAX_LAYER", "MAX_HIDDEN_WEIGHTS",
-           "MAX_TOTAL_STEPS", "MAX_TORCH_THREADS"]
+           "MAX_TOTAL_STEPS", "MAX_TORCH_THREADS", "MAX_UPDATE_EPOCHS"]
 
 MAX_NUM_ENVS = 1024
 """environments of one run (each is a live env object in this process)"""
@@ -27,6 +27,8 @@ MAX_HIDDEN_WEIGHTS = 2**25
 """weights between the hidden layers of one network (128 MiB of float32)"""
 MAX_TOTAL_STEPS = 10**12
 MAX_TORCH_THREADS = 1024
+MAX_UPDATE_EPOCHS = 10_000
+"""passes over one rollout (the presets use 10; 10^9 ran without end)"""
 
 
 def _bad(name: str, value: Any, why: str) -> ValueError:
@@ -41,6 +43,7 @@ def check(cfg: Any) -> None:
     _check_sizes(cfg)
     _check_paths(cfg)
     _check_marl(cfg)
+    _check_applies(cfg)
 
 
 def _check_finite(obj: Any, prefix: str) -> None:
@@ -58,7 +61,8 @@ def _check_sizes(cfg: Any) -> None:
     for name, v, top in (("rollout.num_envs", r.num_envs, MAX_NUM_ENVS),
                          ("rollout.num_steps", r.num_steps, MAX_ROLLOUT),
                          ("total_steps", cfg.total_steps, MAX_TOTAL_STEPS),
-                         ("torch_threads", cfg.torch_threads, MAX_TORCH_THREADS)):
+                         ("torch_threads", cfg.torch_threads, MAX_TORCH_THREADS),
+                         ("ppo.update_epochs", cfg.ppo.update_epochs, MAX_UPDATE_EPOCHS)):
         if v > top:
             raise _bad(name, v, f"must be at most {top:,}")
     if cfg.batch_size > MAX_ROLLOUT:
@@ -92,3 +96,22 @@ def _check_marl(cfg: Any) -> None:
             raise _bad(f"marl.{f.name}", getattr(cfg.marl, f.name),
                        f"multi-agent settings apply only to a pettingzoo:MODULE env, not "
                        f"env={cfg.env!r}")
+
+
+def _check_applies(cfg: Any) -> None:
+    """A setting the chosen objective never reads would be ignored: refused instead."""
+    from klppo.core.loss import OBJECTIVES
+
+    objective, p = OBJECTIVES.get(cfg.objective), cfg.ppo
+    if objective is None:
+        return  # an unknown objective is refused by the config's own checks
+    if not objective.shaped:
+        for name, value, default in (("ppo.shape", p.shape, "clip"),
+                                     ("ppo.softness", p.softness, None)):
+            if value != default:
+                raise _bad(name, value, f"only per_sample_kl follows a beta_t shape; "
+                           f"objective={cfg.objective!r} would ignore it")
+    if not objective.uses_beta and cfg.kl.controller != "fixed":
+        raise _bad("kl.controller", cfg.kl.controller, f"objective={cfg.objective!r} uses no "
+                   f"beta, so no controller would act (a beta objective: kl_penalty, "
+                   f"clip_kl, ...)")

@@ -44,6 +44,12 @@ FLAGS = {
     "unknown_env": (["--env", "CartPol-v1"], "did you mean CartPole-v1"),
     "unknown_env_module": (["--env", "no_such_module_xyz:Foo-v0"], "no_such_module_xyz"),
     "unknown_preset": (["--preset", "klip/nope"], "preset='klip/nope'"),
+    "shape_with_clip": (["--objective", "clip", "--ppo.shape", "spo"], "ppo.shape='spo'"),
+    "softness_with_clip": (["--objective", "clip", "--ppo.softness", "0.1"],
+                           "ppo.softness=0.1: only per_sample_kl"),
+    "controller_without_beta": (["--objective", "clip", "--kl.controller", "pid",
+                                 "--kl.target", "0.01"], "kl.controller='pid'"),
+    "update_epochs_huge": (["--ppo.update-epochs", "1000000000"], "ppo.update_epochs="),
     # non-finite floats anywhere (issue 19: nan blamed the env and named a missing checkpoint)
     "log_std_init_nan": (["--net.log-std-init", "nan"], "net.log_std_init=nan"),
     "log_std_init_inf": (["--net.log-std-init", "-inf"], "net.log_std_init=-inf"),

@@ -189,8 +189,8 @@ def test_config_validation_and_overlay():
     with pytest.raises(ConfigError, match=r"kl.measure='rollout'"):
         validate(dataclasses.replace(rl.TrainConfig(), kl=rl.config.KLConfig(cadence="epoch")))
     with pytest.raises(ConfigError, match=r"kl: .*horizon"):
-        validate(dataclasses.replace(rl.TrainConfig(), kl=rl.config.KLConfig(
-            controller="step", horizon=10)))
+        validate(dataclasses.replace(rl.TrainConfig(), objective="kl_penalty",
+                                     kl=rl.config.KLConfig(controller="step", horizon=10)))
     with pytest.raises(ConfigError, match="unknown config field"):
         from_dict({"ppo": {"learning_rate": 1}})
     with pytest.raises(ConfigError, match="preset='klip/pong'"):
