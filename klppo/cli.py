@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from klppo.verify import verify
+    from klppo.core.verify import verify
 
     res = verify(seed=args.seed, batches=args.batches)
     print("Theorem 1: grad of mean PPO-Clip == grad of mean per-sample KL template (float32)")

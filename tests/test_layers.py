@@ -1,8 +1,8 @@
 """No import from a lower package to a higher one (docs/architecture in the README's layout):
 
 core -> nn -> rl, lm, integrations (siblings) -> experiments -> report, cli. ``runs`` (run
-directories, files, metric sinks, signals) and ``protocol`` are plumbing that imports no klppo
-package but itself.
+directories, files, metric sinks, signals, the final-return protocol) is plumbing that imports
+no klppo package but itself.
 """
 
 import ast
@@ -16,15 +16,13 @@ PKG = Path(__file__).resolve().parents[1] / "klppo"
 ALLOWED = {
     "core": set(),
     "runs": {"klppo"},  # klppo.__version__ for the run metadata
-    "protocol": set(),
     "nn": {"core"},
-    "rl": {"core", "nn", "runs", "protocol"},
+    "rl": {"core", "nn", "runs"},
     "lm": {"core", "runs"},
     "replay": {"core", "runs"},
     "integrations": {"core", "nn"},  # bridges to other ecosystems (TorchRL), optional extras
-    "experiments": {"core", "nn", "rl", "lm", "runs", "protocol"},
-    "report": {"runs", "protocol"},
-    "verify": {"core"},
+    "experiments": {"core", "nn", "rl", "lm", "runs"},
+    "report": {"runs"},
 }
 
 

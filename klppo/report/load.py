@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klppo.protocol import final_return
+from klppo.runs.protocol import final_return
 from klppo.report.validate import Skip as _Skip
 from klppo.report.validate import read_config, read_records
 from klppo.runs.configfile import InputError, parse_yaml

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from klppo.protocol import final_return
+from klppo.runs.protocol import final_return
 from klppo.rl.config import TrainConfig, to_dict, validate
 from klppo.rl.envs import (
     check_env,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from klppo.cli import main
-from klppo.protocol import final_return
+from klppo.runs.protocol import final_return
 from klppo.report import make_report
 from klppo.report.load import load_runs, policy_config
 from klppo.runs.metrics import read_metrics
