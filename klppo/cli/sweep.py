@@ -69,7 +69,7 @@ def _key_value(flag: str, item: str, form: str) -> tuple[str, str]:
 
 
 def spec_from_args(args: argparse.Namespace):
-    """The sweep spec the flags ask for (raises ConfigError naming the flag or file)."""
+    """The sweep spec the flags ask for (a UserInputError naming the flag or file)."""
     from klppo.experiments.sweep import SweepSpec, load_spec
 
     if args.spec:
@@ -96,6 +96,7 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def check_run_flags(workers: int | None, out: str, max_runs: int | None = None) -> None:
+    """FlagError for a worker count or run limit below 1, or an --out that is a file."""
     if workers is not None and workers < 1:
         raise FlagError(f"--workers={workers}: must be >= 1 (parallel runs)")
     if max_runs is not None and max_runs < 1:
@@ -135,7 +136,8 @@ def _summary(res, out: str) -> int:
 
 
 def run_and_summarise(spec, out: str, backend: str, workers: int | None,
-               max_runs: int | None = None) -> int:
+                      max_runs: int | None = None) -> int:
+    """Run the sweep ``spec`` into ``out`` with a line per run; :func:`_summary`'s exit code."""
     from klppo.experiments.sweep import MAX_RUNS, expand, run_sweep
 
     limit = max_runs or MAX_RUNS

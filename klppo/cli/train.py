@@ -146,12 +146,8 @@ def run(argv: list[str]) -> int:
     numeric = NumericWarnings()
     try:
         cfg = parse_train(argv)
-        if isinstance(cfg, str):
-            return _resume(cfg, numeric)
-        from klppo.rl.trainer import train
-
         with numeric:
-            result = train(cfg, on_iteration=_progress(cfg))
+            result = _start(cfg)
     except RunFailed as e:
         say_error("train", f"{e}{numeric.suffix()}")
         return FAILED
@@ -160,13 +156,13 @@ def run(argv: list[str]) -> int:
     return _report(result, numeric)
 
 
-def _resume(run_dir: str, numeric: NumericWarnings):
-    from klppo.rl.trainer import read_run_config, resume
+def _start(cfg):
+    """Train ``cfg`` (a ``TrainConfig``), or resume the run directory ``cfg`` (a ``str``)."""
+    from klppo.rl.trainer import read_run_config, resume, train
 
-    cfg = read_run_config(run_dir)
-    with numeric:
-        result = resume(run_dir, on_iteration=_progress(cfg))
-    return _report(result, numeric)
+    if isinstance(cfg, str):
+        return resume(cfg, on_iteration=_progress(read_run_config(cfg)))
+    return train(cfg, on_iteration=_progress(cfg))
 
 
 def _report(result, numeric: NumericWarnings) -> int:
