@@ -22,7 +22,7 @@ demo: $(STAMP)
 # report.html) from a demo run; `klppo demo` reuses the finished runs of an earlier one.
 demo-table: $(STAMP)
 	$(BIN)/klppo demo --out runs/demo
-	$(BIN)/python -m klppo.report.snapshot runs/demo docs/results/cartpole-demo \
+	$(BIN)/klppo snapshot runs/demo docs/results/cartpole-demo \
 		--title "CartPole demo: the KLip-PPO four-way comparison" --command "make demo-table" \
 		--smooth 5
 
@@ -33,7 +33,7 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''
 
 lint: $(STAMP)
-	$(BIN)/ruff check klppo tests benchmarks examples
+	$(BIN)/ruff check klppo tests benchmarks tools examples
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_losses.py

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from klppo.protocol import final_return
 from klppo.report.load import describe_machine
 from klppo.report.snapshot import FLOAT_NOTE
 from klppo.rl.marl.evaluate import evaluate_policies
 from klppo.runs.metrics import read_metrics
+from klppo.runs.protocol import final_return
 
 
 def _runs(sweep: Path) -> list[Path]:

@@ -5,9 +5,9 @@ import io
 
 import pytest
 
-from klppo import cli_train
 from klppo.cli import main
-from klppo.cli_train import Progress, announce_rounding
+from klppo.cli import train as cli_train
+from klppo.cli.train import Progress, announce_rounding
 
 
 def test_train_help_lists_the_preparser_flags(capsys):

@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 
-from klppo.cli_common import NumericWarnings
+from klppo.cli.progress import NumericWarnings
 
 
 def test_numeric_warnings_are_collected_once_and_folded(capsys):

@@ -69,7 +69,7 @@ def test_readme_python_block_runs_on_its_own(code, tmp_path, monkeypatch):
 
 
 def _check_train(argv: list[str]) -> None:
-    from klppo.cli_train import parse_train
+    from klppo.cli.train import parse_train
 
     parsed = parse_train(argv)
     if "--resume" in argv:
@@ -79,7 +79,7 @@ def _check_train(argv: list[str]) -> None:
 
 
 def _check_argparse(argv: list[str], capsys) -> None:
-    from klppo.cli_experiments import spec_from_args
+    from klppo.cli.sweep import spec_from_args
     from klppo.experiments.sweep import expand
     from klppo.replay.lab import parse_controller
 
@@ -96,15 +96,16 @@ def _check_argparse(argv: list[str], capsys) -> None:
 
 def _check_lm(argv: list[str]) -> None:
     pytest.importorskip("transformers")
-    from klppo import cli_lm
-    from klppo.cli_common import parse_config_flags
+    from klppo.cli import rlhf as cli_rlhf
+    from klppo.cli import rlhf_compare
+    from klppo.cli.flags import parse_config_flags
 
     if argv[:2] == ["lm", "pretrain"]:
         from klppo.lm.pretrain import PretrainConfig, validate_pretrain
 
         validate_pretrain(parse_config_flags(PretrainConfig, argv[2:], "klppo lm pretrain"))
     elif argv[:2] == ["rlhf", "compare"]:
-        cli_lm._compare_parser().parse_args(argv[2:])
+        rlhf_compare._compare_parser().parse_args(argv[2:])
     else:
         rest = list(argv[1:])
         if "--resume" in rest:
@@ -114,7 +115,7 @@ def _check_lm(argv: list[str]) -> None:
         if "--config" in rest:
             k = rest.index("--config")
             config, rest = rest[k + 1], rest[:k] + rest[k + 2:]
-        cli_lm._rlhf_config(config, rest)
+        cli_rlhf._rlhf_config(config, rest)
 
 
 @pytest.mark.parametrize("line, argv, files", COMMANDS, ids=[c[0][:70] for c in COMMANDS])

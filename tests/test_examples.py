@@ -25,7 +25,7 @@ def test_train_with_examples_my_yaml(tmp_path, capsys):
 
 
 def test_examples_sweep_yaml_is_the_readme_flag_sweep():
-    from klppo.cli_experiments import spec_from_args
+    from klppo.cli.sweep import spec_from_args
     from klppo.experiments.sweep import expand, load_spec
 
     plans = expand(load_spec(EXAMPLES / "sweep.yaml"))

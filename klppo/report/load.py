@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from klppo.protocol import final_return
 from klppo.report.validate import Skip as _Skip
 from klppo.report.validate import read_config, read_records
 from klppo.runs.configfile import InputError, parse_yaml
 from klppo.runs.metrics import policies_of
+from klppo.runs.protocol import final_return
 
 __all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine", "policy_config",
            "resumes", "run_machines", "merge_commits"]

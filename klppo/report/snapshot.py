@@ -1,17 +1,15 @@
 """Results snapshots for ``docs/results/``: the report's tables with a header that names the
 machine they were measured on, written by a command (``make demo-table``), never typed.
 
-    python -m klppo.report.snapshot RUNS DEST [--title T] [--command C] [--smooth K]
-
-writes ``DEST/final_returns.md``, ``DEST/equivalence.md`` and, where runs log a kill set,
-``DEST/partition.md`` (each with the header), and ``DEST/report.html``.
+:func:`write_snapshot` (on the command line ``klppo snapshot RUNS DEST [--title T]
+[--command C] [--smooth K]``) writes ``DEST/final_returns.md``, ``DEST/equivalence.md`` and,
+where runs log a kill set, ``DEST/partition.md`` (each with the header), and
+``DEST/report.html``.
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
-import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +18,7 @@ from klppo.report.build import Report, format_table, make_report
 from klppo.report.load import load_runs
 from klppo.report.partition import partition_table
 
-__all__ = ["FLOAT_NOTE", "header", "write_snapshot", "main"]
+__all__ = ["FLOAT_NOTE", "header", "write_snapshot"]
 
 #: what every snapshot says about its numbers
 FLOAT_NOTE = ("Float results differ across machines (CPU model and instruction set, torch "
@@ -74,31 +72,3 @@ def write_snapshot(paths: list[str | Path], dest: str | Path, title: str,
                 top + "\nThe kill set: " + PARTITION_NOTE + "\n\n" + table + "\n")
         shutil.copyfile(rep.html, dest / "report.html")
     return rep
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m klppo.report.snapshot",
-                                description="write a docs/results snapshot from run directories")
-    p.add_argument("paths", nargs="+", help="run or sweep directories")
-    p.add_argument("dest", help="snapshot directory, e.g. docs/results/cartpole-demo")
-    p.add_argument("--title", default="Results", help="the snapshot's heading")
-    p.add_argument("--command", default="python -m klppo.report.snapshot ...",
-                   help="the command that regenerates it (shown in the header)")
-    p.add_argument("--smooth", type=int, default=1, metavar="K",
-                   help="report figures: moving average over K iterations (tables: never)")
-    p.add_argument("--finished-only", action="store_true",
-                   help="leave out runs that did not finish")
-    a = p.parse_args(argv)
-    try:
-        rep = write_snapshot(a.paths, a.dest, a.title, a.command, a.smooth, a.finished_only)
-    except (OSError, ValueError) as e:
-        print(f"snapshot: {e}", file=sys.stderr)
-        return 2
-    print(format_table(rep.summaries))
-    print(f"wrote {a.dest}: final_returns.md, equivalence.md, partition.md (where runs log a "
-          f"kill set), report.html")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -33,11 +33,11 @@ class RolloutConfig:
     """Environment vectorisation and normalisation."""
 
     num_envs: int = 4
-    """parallel environments (vectorised with gymnasium.make_vec)"""
+    """parallel environments (how they are stepped: vectorization)"""
     num_steps: int = 128
     """steps per environment per rollout"""
     vectorization: Literal["auto", "sync", "async"] = "auto"
-    """auto: the env's numpy vector implementation when it has one, else sync"""
+    """auto: gymnasium.make_vec for CartPole, klppo's sync loop for others; async: a process each"""
     norm_obs: bool = False
     """running mean/std observation normalisation (statistics are checkpointed)"""
     norm_reward: bool = False
@@ -65,7 +65,7 @@ class PPOConfig:
     softness: float | None = None
     """softness s of the soft shapes (typical 0.02-0.2)"""
     kl_estimator: KLEstimatorChoice = "analytic"
-    """KL of kl_penalty / clip_kl: analytic (closed form per state) or k1, k2, k3, abs"""
+    """KL of kl_penalty / clip_kl: analytic, k1, k2, k3, abs; k3_flipped, tutorial (not the KL)"""
     gamma: float = 0.99
     """discount factor"""
     gae_lambda: float = 0.95

@@ -18,7 +18,6 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from klppo.protocol import final_return
 from klppo.rl.config import TrainConfig, to_dict, validate
 from klppo.rl.envs import (
     check_env,
@@ -38,6 +37,7 @@ from klppo.runs import rundir as R
 from klppo.runs.device import resolve_device
 from klppo.runs.errors import RunFailed
 from klppo.runs.lifecycle import OnIteration, RunLife, run_iterations
+from klppo.runs.protocol import final_return
 from klppo.runs.threads import compute_threads
 
 log = logging.getLogger(__name__)

@@ -192,7 +192,7 @@ def _args(tmp_path, *flags):
 
 def test_repeated_set_and_grid_flags_add_up(tmp_path):
     """A second --set or --grid used to replace the first (an axis dropped without a word)."""
-    from klppo.cli_experiments import spec_from_args
+    from klppo.cli.sweep import spec_from_args
 
     spec = spec_from_args(_args(tmp_path, "--set", "ppo.lr=1e-4", "--set", "ppo.eps=0.1",
                                 "--grid", "kl.target=0.01,0.02", "--grid", "ppo.gamma=0.9,0.99"))

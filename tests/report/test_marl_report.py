@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from klppo.cli import main
-from klppo.protocol import final_return
 from klppo.report import make_report
 from klppo.report.load import load_runs, policy_config
 from klppo.runs.metrics import read_metrics
+from klppo.runs.protocol import final_return
 from tests.report.test_report import fake_run
 
 BASE, TIGHT = "base__overrides=[]", "base__overrides=['adversary:kl.target=0.0002']"

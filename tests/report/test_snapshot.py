@@ -3,8 +3,9 @@
 import json
 from pathlib import Path
 
+from klppo.cli import main as klppo_main
 from klppo.report.load import describe_machine
-from klppo.report.snapshot import FLOAT_NOTE, main, write_snapshot
+from klppo.report.snapshot import FLOAT_NOTE, write_snapshot
 from tests.report.test_report import fake_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,13 +84,14 @@ def test_finished_only_leaves_out_unfinished_runs(tmp_path, capsys):
 
 def test_snapshot_command(tmp_path, capsys):
     fake_run(tmp_path / "runs", "a", "Env-v0", "clip", 0, [1.0, 2.0])
-    assert main([str(tmp_path / "runs"), str(tmp_path / "snap"), "--title", "T",
-                 "--smooth", "2"]) == 0
+    assert klppo_main(["snapshot", str(tmp_path / "runs"), str(tmp_path / "snap"),
+                       "--title", "T", "--smooth", "2"]) == 0
     assert "over 2 iterations" in (tmp_path / "snap" / "report.html").read_text()
     assert "not recorded" in (tmp_path / "snap" / "final_returns.md").read_text()
     (tmp_path / "empty").mkdir()
-    assert main([str(tmp_path / "empty"), str(tmp_path / "s2")]) == 2
-    assert "no readable run" in capsys.readouterr().err
+    assert klppo_main(["snapshot", str(tmp_path / "empty"), str(tmp_path / "s2")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("klppo snapshot: ") and "no readable run" in err
 
 
 def test_docs_results_snapshots_name_their_machine():
@@ -109,7 +111,7 @@ def test_make_demo_table_regenerates_the_demo_snapshot():
     make = (ROOT / "Makefile").read_text()
     target = make.split("\ndemo-table:", 1)[1].split("\n\n", 1)[0]
     assert "klppo demo --out runs/demo" in target
-    assert "-m klppo.report.snapshot runs/demo docs/results/cartpole-demo" in target
+    assert "klppo snapshot runs/demo docs/results/cartpole-demo" in target
 
 
 def test_machine_lines_that_differ_only_in_the_commit_are_merged():

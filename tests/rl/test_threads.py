@@ -40,7 +40,7 @@ def _metrics(run: Path) -> list[dict]:
 def _api_code(flags: list[str], out: Path) -> str:
     """A user's script: numpy imported (and its BLAS pool started) before klppo is."""
     return ("import numpy as np; a = np.ones((256, 256)); a @ a\n"
-            "from klppo.cli_train import parse_train\n"
+            "from klppo.cli.train import parse_train\n"
             "import klppo.rl as rl\n"
             f"cfg = parse_train({[*flags, '--no-tensorboard', '--out', str(out)]!r})\n"
             "rl.train(cfg)\n")

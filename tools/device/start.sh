@@ -6,10 +6,10 @@
 # sweep directory is runs/mujoco-1m/<task>. A nice level lets the long runs (Humanoid, Ant) keep
 # whole cores while the short ones share the rest, so the tasks end together.
 #
-#   TASKS='humanoid:8 ant:8' bash benchmarks/device/start.sh     # wheels in .whl/
-#   TASKS='humanoid:4 hopper:8:5 lunarlander-1m:4:5' bash benchmarks/device/start.sh
-#   bash benchmarks/device/poll.sh 540                           # wait, report, pack to $OUT
-#   bash benchmarks/device/poll.sh 300 stop                      # ... then stop (resumable)
+#   TASKS='humanoid:8 ant:8' bash tools/device/start.sh     # wheels in .whl/
+#   TASKS='humanoid:4 hopper:8:5 lunarlander-1m:4:5' bash tools/device/start.sh
+#   bash tools/device/poll.sh 540                      # wait, report, pack to $OUT
+#   bash tools/device/poll.sh 300 stop                 # ... then stop (resumable)
 #
 # A call may run 600 s: the poll ends on its next 60 s tick after T, then the stop and the packing
 # take up to about 90 s, so keep T at 480 or less. LunarLander needs pygame besides box2d (the

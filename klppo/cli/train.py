@@ -9,7 +9,10 @@ import sys
 import time
 from typing import Any
 
-from klppo.cli_common import say_error
+from klppo.cli.errors import FAILED, REPORTED, FlagError, fail, say_error
+from klppo.cli.flags import parse_config_flags
+from klppo.cli.progress import NumericWarnings, elapsed_eta
+from klppo.runs.errors import RunFailed
 
 USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [FLAGS...]
        klppo train --resume RUN_DIR
@@ -40,8 +43,6 @@ class Progress:
     def _times(self, it: int) -> str:
         if self.first is None:
             self.first = it - 1
-        from klppo.cli_common import elapsed_eta
-
         return elapsed_eta(time.perf_counter() - self.t0, it - self.first, self.total - it)
 
     def line(self, m: dict[str, Any]) -> str:
@@ -114,24 +115,16 @@ def _load_base(known: argparse.Namespace):
     return base
 
 
-def _errors() -> tuple[type[BaseException], ...]:
-    """Everything a user's input or a failed run raises: printed as one line."""
-    from klppo.rl import config as C
-    from klppo.rl.envs import EnvError
-    from klppo.rl.trainer import ResumeError, TrainingError
-    from klppo.runs import rundir as R
-    from klppo.runs.checkpoint import CheckpointError
-    from klppo.runs.configfile import InputError
-
-    return (C.ConfigError, InputError, R.DirBusyError, CheckpointError, EnvError,
-            ResumeError, TrainingError, ImportError, OSError, ValueError)
+#: what ``klppo train`` reports in one line: klppo's errors, file problems, bad values, and a
+#: missing optional extra (``track=wandb`` without wandb)
+_REPORTED = (*REPORTED, ImportError)
 
 
 def parse_train(argv: list[str]):
     """What ``klppo train ARGV`` would run, without running it: the validated ``TrainConfig``,
-    or the run directory (a ``str``) of ``--resume``. Bad input raises one of :func:`_errors`
-    with the one-line message the command prints; ``--help`` exits 0."""
-    from klppo import cli_common
+    or the run directory (a ``str``) of ``--resume``. Bad input raises a
+    :class:`~klppo.runs.errors.UserInputError` (or ``OSError``, ``ValueError``) with the
+    one-line message the command prints; ``--help`` exits 0."""
     from klppo.rl import config as C
 
     pre = argparse.ArgumentParser(add_help=False)
@@ -141,59 +134,40 @@ def parse_train(argv: list[str]):
     known, rest = pre.parse_known_args(argv)
     if known.resume is not None:
         if rest or known.preset or known.config:
-            raise cli_common.FlagError("--resume takes no other flags (the run's config.yaml "
-                                       "is used)")
+            raise FlagError("--resume takes no other flags (the run's config.yaml is used)")
         return known.resume
     base = _load_base(known)
-    return C.validate(cli_common.parse_config_flags(C.TrainConfig, rest, "klppo train", base,
-                                                    USAGE))
+    return C.validate(parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE))
 
 
-def run_train(argv: list[str]) -> int:
+def run(argv: list[str]) -> int:
+    """``klppo train ARGV``: 0 when the run finished or was interrupted (resumable), 1 when it
+    failed, 2 on bad input."""
+    numeric = NumericWarnings()
     try:
         cfg = parse_train(argv)
-    except _errors() as e:
-        say_error("train", e)
-        return 2
+        with numeric:
+            result = _start(cfg)
+    except RunFailed as e:
+        say_error("train", f"{e}{numeric.suffix()}")
+        return FAILED
+    except _REPORTED as e:
+        return fail("train", e)
+    return _report(result, numeric)
+
+
+def _start(cfg):
+    """Train ``cfg`` (a ``TrainConfig``), or resume the run directory ``cfg`` (a ``str``)."""
+    from klppo.rl.trainer import read_run_config, resume, train
+
     if isinstance(cfg, str):
-        return _resume(cfg)
-    from klppo.cli_common import NumericWarnings
-    from klppo.rl.trainer import TrainingError, train
+        return resume(cfg, on_iteration=_progress(read_run_config(cfg)))
+    return train(cfg, on_iteration=_progress(cfg))
 
-    try:
-        with NumericWarnings() as numeric:
-            result = train(cfg, on_iteration=_progress(cfg))
-    except TrainingError as e:
-        say_error("train", f"{e}{numeric.suffix()}")
-        return 1
-    except _errors() as e:
-        say_error("train", e)
-        return 2
+
+def _report(result, numeric: NumericWarnings) -> int:
     if numeric:
         print(f"klppo train: warning:{numeric.suffix()}", file=sys.stderr)
-    return _report(result)
-
-
-def _resume(run_dir: str) -> int:
-    from klppo.cli_common import NumericWarnings
-    from klppo.rl.trainer import TrainingError, read_run_config, resume
-
-    try:
-        cfg = read_run_config(run_dir)
-        with NumericWarnings() as numeric:
-            result = resume(run_dir, on_iteration=_progress(cfg))
-    except TrainingError as e:
-        say_error("train", f"{e}{numeric.suffix()}")
-        return 1
-    except _errors() as e:
-        say_error("train", e)
-        return 2
-    if numeric:
-        print(f"klppo train: warning:{numeric.suffix()}", file=sys.stderr)
-    return _report(result)
-
-
-def _report(result) -> int:
     print(f"run directory: {result.run_dir}")
     per_policy = result.final_returns()
     if per_policy:

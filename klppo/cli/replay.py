@@ -7,11 +7,18 @@ import csv
 import math
 from pathlib import Path
 
-from klppo.cli_common import BAD_INPUT, say_error
+from klppo.cli.errors import REPORTED, FlagError, fail
+from klppo.runs.errors import InputError
+
+DESCRIPTION = ("The controller lab: replay a logged KL trace (a run directory, its "
+               "metrics.jsonl, or a CSV file) through beta controllers, open loop, or simulate "
+               "how the KL responds to beta (--closed-loop). Writes OUT/replay.csv and "
+               "OUT/replay.png and prints each controller's tracking metrics.")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("replay", help="feed a KL trace (or a simulated plant) to controllers")
+    p = sub.add_parser("replay", help="feed a KL trace (or a simulated plant) to controllers",
+                       description=DESCRIPTION)
     p.add_argument("trace", nargs="?", help="a run directory, its metrics.jsonl, or a CSV file")
     p.add_argument("--column", help="trace column (default kl_observed / kl_rollout / kl)")
     p.add_argument("--policy", metavar="NAME",
@@ -40,8 +47,8 @@ _CLOSED_LOOP_FLAGS = [("--steps", int, 200, "closed-loop updates"),
 STEPS_MAX = 100_000
 
 
-def _bad(flag: str, value, why: str) -> ValueError:
-    return ValueError(f"{flag}={value!r}: {why}")
+def _bad(flag: str, value, why: str) -> FlagError:
+    return FlagError(f"{flag}={value!r}: {why}")
 
 
 def _check_plant_flags(args: argparse.Namespace) -> None:
@@ -68,7 +75,7 @@ def _check_plant_flags(args: argparse.Namespace) -> None:
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    """The numeric flags and the trace / --closed-loop choice; ValueError naming the flag."""
+    """The numeric flags and the trace / --closed-loop choice; FlagError naming the flag."""
     _check_plant_flags(args)
     if args.target is not None and not (math.isfinite(args.target) and args.target > 0):
         raise _bad("--target", args.target, "must be finite and > 0")
@@ -105,7 +112,7 @@ def _inputs(args: argparse.Namespace):
         target = args.target or run_target or 0.02
         if not (math.isfinite(target) and target > 0):
             key = "kl_target" if args.policy is None else f"{args.policy}/kl_target"
-            raise ValueError(f"trace={args.trace!r}: {key}={target!r} must be finite and "
+            raise InputError(f"trace={args.trace!r}: {key}={target!r} must be finite and "
                              f"> 0 (or pass --target)")
     specs = args.controller or default_controllers(target)
     return steps, kl, target, dict(parse_controller(s, target) for s in specs)
@@ -137,9 +144,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         steps, kl, target, ctrls = _inputs(args)
         kls, betas, rows, title, xlabel = _compute(args, kl, target, ctrls)
-    except (ValueError, OSError) as e:
-        say_error("replay", e)
-        return BAD_INPUT
+    except REPORTED as e:
+        return fail("replay", e)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "replay.csv", "w", newline="") as f:

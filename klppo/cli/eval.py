@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from klppo.cli.errors import REPORTED, FlagError, exit_code, say_error
+
+DESCRIPTION = ("Run the policy of a run directory's last checkpoint for N episodes (the mode "
+               "of each action, or samples with --stochastic) and write the returns' mean and "
+               "std to RUN_DIR/eval.json; optionally record each episode as a video. A "
+               "multi-agent run reports each policy, trained or acting at random (--random).")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="run a trained policy for N episodes (mean +- std, "
                                     "eval.json, optional videos)",
+                       description=DESCRIPTION,
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("run_dir", help="a run directory with a checkpoint")
     p.add_argument("--episodes", type=int, default=10, help="episodes to run")
@@ -32,22 +39,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.video:  # MuJoCo renders headless through EGL where it can (set before its import)
         os.environ.setdefault("MUJOCO_GL", "egl")
     from klppo.rl.evaluate import RenderingUnavailable, eval_path, evaluate
-    from klppo.rl.lifecycle import ResumeError
-    from klppo.runs.checkpoint import CheckpointError
-    from klppo.runs.configfile import InputError
 
     try:
         if _multiagent(args.run_dir):
             return _eval_policies(args)
         if args.random:
-            raise ValueError(f"--random {' '.join(args.random)}: only for multi-agent runs")
+            raise FlagError(f"--random {' '.join(args.random)}: only for multi-agent runs")
         res = evaluate(args.run_dir, args.episodes, not args.stochastic, args.seed, args.video,
                        args.out)
-    except (ResumeError, CheckpointError, InputError, RenderingUnavailable, ValueError,
-            FileNotFoundError) as e:
-        msg = str(e).replace("resume=", "run_dir=")
-        print(f"klppo eval: {msg}", file=sys.stderr)
-        return 2
+    except (*REPORTED, RenderingUnavailable) as e:  # a run directory is named by run_dir here
+        say_error("eval", str(e).replace("resume=", "run_dir="))
+        return exit_code(e)
     mode = "deterministic" if res.deterministic else "sampled"
     last = res.seed + res.episodes - 1
     print(f"{res.episodes} episodes ({mode} actions, seeds {res.seed}..{last}): "
@@ -75,7 +77,7 @@ def _eval_policies(args: argparse.Namespace) -> int:
     from klppo.runs.rundir import write_json_atomic
 
     if args.video:
-        raise ValueError("--video: not available for multi-agent runs")
+        raise FlagError("--video: not available for multi-agent runs")
     path = eval_path(args.run_dir, args.out)
     res = evaluate_policies(args.run_dir, args.episodes, args.seed, args.random,
                             deterministic=not args.stochastic)

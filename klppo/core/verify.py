@@ -1,8 +1,8 @@
-"""``klppo verify``: check the library's identities on random batches it builds itself.
+"""Check the library's identities on random batches it builds itself.
 
-Returns plain data (the CLI prints it): Theorem 1 (gradient of PPO-Clip == gradient of the
-per-sample KL template), Theorem 2 (min form == Phi form, in value), partition fractions, and a
-comparison of every controller on one scripted KL trace.
+Returns plain data (``klppo verify`` prints it): Theorem 1 (gradient of PPO-Clip == gradient of
+the per-sample KL template), Theorem 2 (min form == Phi form, in value), partition fractions,
+and a comparison of every controller on one scripted KL trace.
 """
 
 from __future__ import annotations

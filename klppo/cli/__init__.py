@@ -1,0 +1,59 @@
+"""The ``klppo`` command: one module per sub-command under ``klppo.cli``.
+
+``train``, ``lm`` and ``rlhf`` parse their own flags (tyro over a config dataclass; the rest of
+argv is passed through); the other sub-commands are argparse sub-parsers, each module adding
+its own with ``add_parser(sub)``. Every problem is one line on stderr
+(:func:`klppo.cli.errors.say_error`) with the exit status of :mod:`klppo.cli.errors`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+
+from klppo.cli.errors import INTERRUPTED, say_error
+from klppo.cli.flags import OneLineParser
+
+__all__ = ["main", "build_parser", "PASSTHROUGH", "SUBPARSERS"]
+
+# Thread counts are not set here: every run sets its BLAS and torch pools inside the process
+# (klppo.runs.threads), so the CLI and the Python API compute the same numbers.
+
+#: sub-commands with their own argument parsing: name -> (module, `klppo --help` line); the
+#: module's ``run(argv)`` gets the rest of argv
+PASSTHROUGH: dict[str, tuple[str, str]] = {
+    "train": ("klppo.cli.train", "train PPO on a Gymnasium env (klppo train --help)"),
+    "lm": ("klppo.cli.lm", "language model: klppo lm pretrain (needs the lm extra)"),
+    "rlhf": ("klppo.cli.rlhf", "RLHF-style PPO on a LM; `klppo rlhf compare` runs fixed vs "
+                               "adaptive arms (needs the lm extra)"),
+}
+#: argparse sub-commands, in `klppo --help` order: each module has ``add_parser(sub)``
+SUBPARSERS = ("verify", "sweep", "report", "demo", "replay", "eval", "snapshot")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="klppo", description="KL-controlled policy optimisation toolkit.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, help_line) in PASSTHROUGH.items():
+        sub.add_parser(name, help=help_line, add_help=False)
+    for name in SUBPARSERS:
+        importlib.import_module(f"klppo.cli.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if argv and argv[0] in PASSTHROUGH:
+            return importlib.import_module(PASSTHROUGH[argv[0]][0]).run(argv[1:])
+        args = build_parser().parse_args(argv)
+        run: Callable[[argparse.Namespace], int] = args.func
+        return run(args)
+    except KeyboardInterrupt:  # Ctrl-C before a command took over the signal (imports, parsing)
+        say_error(argv[0] if argv and not argv[0].startswith("-") else "", "interrupted")
+        return INTERRUPTED

@@ -1,0 +1,67 @@
+"""Flag parsing shared by the sub-commands: argparse that fails in one line, tyro's config
+flags with tyro's error folded into one line, and ``FIELD=VALUE`` items read as YAML."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+from typing import Any, NoReturn, TypeVar
+
+from klppo.cli.errors import BAD_INPUT, FlagError, say_error
+
+__all__ = ["OneLineParser", "parse_config_flags", "yaml_value"]
+
+T = TypeVar("T")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (``prog: message``), without the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        say_error(self.prog.removeprefix("klppo").strip(), message)
+        raise SystemExit(BAD_INPUT)
+
+
+def _tyro_error(text: str) -> str:
+    """The gist of tyro's boxed error message, on one line (``title: message``)."""
+    keep = []
+    for line in text.splitlines():
+        line = line.strip(" │╭╮╰╯─━┃┏┓┗┛|").strip()
+        if set(line) <= {"-"}:  # a separator rule
+            continue
+        if line.startswith("Argument helptext"):
+            break
+        if line and not line.startswith(("For full helptext", "Parsing error", "Usage")):
+            keep.append(line)
+    if not keep:
+        return "invalid flags (see --help)"
+    title, body = keep[0], " ".join(keep[1:])
+    return (body if body.lower().startswith(title.lower()) or not body
+            else f"{title}: {body}")[:400] or title
+
+
+def parse_config_flags(cls: type[T], args: list[str], prog: str, default: T | None = None,
+                       description: str | None = None) -> T:
+    """tyro's flags for the dataclass ``cls`` over ``default``; :class:`FlagError` (one line)
+    when they do not parse. ``--help`` prints tyro's help and exits 0 as usual."""
+    import tyro
+
+    kw: dict[str, Any] = {"args": args, "prog": prog, "default": default,
+                          "description": description}
+    if any(a in ("-h", "--help") for a in args):
+        return tyro.cli(cls, **kw)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return tyro.cli(cls, **kw)
+    except SystemExit:
+        raise FlagError(_tyro_error(err.getvalue())) from None
+
+
+def yaml_value(text: str, what: str) -> Any:
+    """A flag's value read as YAML, as a config file's would be (``1e-4`` is a float);
+    :class:`~klppo.runs.errors.InputError` naming ``what`` when it is not YAML."""
+    from klppo.runs.configfile import parse_yaml
+
+    return parse_yaml(text, what)

@@ -1,0 +1,62 @@
+"""``klppo report``: tables, figures and report.html from run or sweep directories."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from klppo.cli.errors import FAILED, REPORTED, FlagError, fail, one_line
+
+DESCRIPTION = ("Read run directories (or sweep directories, or their parents) and write the "
+               "final-return table, the clip vs per_sample_kl equivalence check, figures and a "
+               "self-contained report.html into OUT. Reads files only; trains nothing.")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="tables, figures and report.html from runs or sweeps",
+                       description=DESCRIPTION)
+    p.add_argument("paths", nargs="+", help="run directories, sweep directories, or parents")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--smooth", type=int, default=1, metavar="K",
+                   help="figures: moving average over K iterations (default 1: raw curves; "
+                        "tables are never smoothed)")
+    p.add_argument("--finished-only", action="store_true",
+                   help="leave out runs that did not finish (a sweep still under way)")
+    p.set_defaults(func=cmd_report)
+
+
+def check_report_args(paths: list[str], out: str, smooth: int = 1) -> None:
+    """FlagError naming the flag (or the path) that cannot be read or written."""
+    if smooth < 1:
+        raise FlagError(f"--smooth={smooth}: must be an integer >= 1 (iterations)")
+    for p in paths:
+        if not Path(p).exists():
+            raise FlagError(f"{p}: does not exist")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise FlagError(f"--out={out!r}: exists and is not a directory")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from klppo.report import format_table, make_report
+
+    try:
+        check_report_args(args.paths, args.out, args.smooth)
+        rep = make_report(args.paths, args.out, smooth=args.smooth,
+                          finished_only=args.finished_only)
+    except REPORTED as e:
+        return fail("report", e)
+    for path, why in rep.skipped:
+        print(f"skipped {path}: {one_line(why)}")
+    for note in rep.notes:
+        print(f"note: {note}")
+    if not rep.summaries:
+        print("report: no readable run found", file=sys.stderr)
+        return FAILED
+    print(format_table(rep.summaries))
+    for q in rep.equivalences:
+        who = f" policy {q.policy}" if q.policy is not None else ""
+        print(f"equivalence {q.env} seed {q.seed}{who}: max |clip - per_sample_kl| return "
+              f"difference {q.max_abs_diff:.3g} over {q.iterations} iterations")
+    print(f"report: {rep.html.resolve()}")
+    return 0

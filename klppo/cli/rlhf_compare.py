@@ -1,0 +1,126 @@
+"""``klppo rlhf compare``: fixed vs adaptive KL control on the RLHF task, both regimes (a
+too-strong and a too-weak fixed beta, and the adaptive controller started from each), then the
+report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from klppo.cli.errors import FAILED, REPORTED, FlagError, fail
+from klppo.cli.flags import OneLineParser, yaml_value
+
+
+def conclusion(summaries) -> list[str]:
+    """Plain statements the numbers support (no claim that adaptive always wins on reward)."""
+    s = {x.arm: x for x in summaries}
+    lines = []
+    for regime in ("strong", "weak"):
+        f, a = s.get(f"fixed_{regime}"), s.get(f"adaptive_from_{regime}")
+        if not (f and a):
+            continue
+        lines.append(
+            f"{regime} start: adaptive KL {a.kl_second_half:.2f} vs fixed {f.kl_second_half:.2f} "
+            f"(target {a.target:g} {a.kl_unit}); |KL - target| {a.kl_abs_error_second_half:.2f} "
+            f"vs {f.kl_abs_error_second_half:.2f}; adaptive within 1 nat for every seed: "
+            f"{'yes' if a.max_seed_abs_error <= 1 else 'no'} (worst {a.max_seed_abs_error:.2f})"
+            f"; score {a.score_second_half:.3f} vs {f.score_second_half:.3f}; held-out "
+            f"perplexity {a.final_perplexity:.1f} vs {f.final_perplexity:.1f}.")
+    return lines
+
+
+def _compare_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="klppo rlhf compare",
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                      description="fixed vs adaptive KL control, both regimes: four arms per "
+                                  "seed (a too-strong and a too-weak fixed beta, and the "
+                                  "adaptive controller started from each), then the report")
+    p.add_argument("--model", default="runs/lm/base",
+                   help="pretrained HF model directory (klppo lm pretrain)")
+    p.add_argument("--out", default="runs/rlhf-compare",
+                   help="comparison directory (runs/ and report/)")
+    p.add_argument("--iterations", type=int, default=150, help="PPO iterations per arm")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (4 arms each)")
+    p.add_argument("--strong-beta", type=float, default=2.0, help="too-strong fixed beta")
+    p.add_argument("--weak-beta", type=float, default=0.04, help="too-weak fixed beta")
+    p.add_argument("--adaptive", default="proportional", help="adaptive controller")
+    p.add_argument("--target", type=float, default=6.0, help="target KL (nats per sequence)")
+    p.add_argument("--workers", type=int, default=2, help="arms in parallel")
+    p.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                   help="other RLHFConfig fields, e.g. lr=0.0001 kl_estimator=k3")
+    return p
+
+
+#: RLHFConfig fields that compare sets itself (from its own flags, or per arm)
+_OWN_FIELDS = {"model": "--model", "out": "--out", "iterations": "--iterations",
+               "seed": "--seeds", "beta": "--strong-beta / --weak-beta",
+               "controller": "--adaptive", "target": "--target"}
+
+
+def _set_fields(items: list[str]) -> dict:
+    over = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise FlagError(f"--set={item!r}: expected FIELD=VALUE")
+        if k.replace("-", "_") in _OWN_FIELDS:
+            raise FlagError(f"--set={item!r}: {k} is set by {_OWN_FIELDS[k]}")
+        over[k] = yaml_value(v, f"--set={item!r}")
+    return over
+
+
+def _compare_configs(a: argparse.Namespace) -> dict:
+    """Every arm's config from the flags; one-line errors naming the flag and the value."""
+    import math
+
+    from klppo.core.controllers import CONTROLLERS
+    from klppo.experiments.rlhf_compare import arms
+    from klppo.lm.config import RLHFConfig, config_from_dict
+    from klppo.lm.model import check_model_dir
+    from klppo.runs.paths import check_writable
+
+    for flag, v in (("--strong-beta", a.strong_beta), ("--weak-beta", a.weak_beta)):
+        if not (math.isfinite(v) and v >= 0):
+            raise FlagError(f"{flag}={v!r}: must be finite and >= 0")
+    if a.adaptive not in CONTROLLERS:
+        raise FlagError(f"--adaptive={a.adaptive!r}: must be one of {sorted(CONTROLLERS)}")
+    if a.workers < 1:
+        raise FlagError(f"--workers={a.workers!r}: must be an integer >= 1")
+    if len(set(a.seeds)) != len(a.seeds):
+        raise FlagError(f"--seeds={a.seeds!r}: must be distinct")
+    base = config_from_dict(_set_fields(a.set), RLHFConfig(
+        model=a.model, iterations=a.iterations, target=a.target))
+    configs = arms(base, a.strong_beta, a.weak_beta, a.adaptive, a.seeds)
+    check_model_dir(a.model)
+    check_writable(a.out)
+    return configs
+
+
+def run(argv: list[str]) -> int:
+    """``klppo rlhf compare ARGV``: 0 when every arm finished, 1 otherwise, 2 on bad input."""
+    from klppo.experiments.rlhf_compare import run_compare as go
+    from klppo.report.lm import lm_report
+
+    a = _compare_parser().parse_args(argv)
+    try:
+        configs = _compare_configs(a)
+    except REPORTED as e:
+        return fail("rlhf compare", e)
+    t0 = time.perf_counter()
+    print(f"{len(configs)} arms, {a.iterations} iterations each, {a.workers} at a time",
+          flush=True)
+
+    def done(name, state, err):
+        print(f"  {name}: {state}{'' if err is None else ' (' + err[:200] + ')'} "
+              f"({time.perf_counter() - t0:.0f}s)", flush=True)
+
+    results = go(configs, a.out, a.workers, done)
+    page, summaries = lm_report(a.out, Path(a.out) / "report")
+    print((Path(a.out) / "report" / "summary.md").read_text())
+    for line in conclusion(summaries):
+        print(line)
+    (Path(a.out) / "report" / "conclusion.json").write_text(json.dumps(conclusion(summaries)))
+    print(f"report: {page.resolve()}  ({time.perf_counter() - t0:.0f}s)")
+    return 0 if all(s == "finished" for s, _ in results.values()) else FAILED

@@ -1,0 +1,43 @@
+"""``klppo snapshot RUNS DEST``: a results snapshot for ``docs/results/`` (the report's tables
+under a header naming the machine they were measured on, and report.html)."""
+
+from __future__ import annotations
+
+import argparse
+
+from klppo.cli.errors import REPORTED, fail
+
+DESCRIPTION = ("Write a docs/results snapshot from run or sweep directories: "
+               "DEST/final_returns.md, DEST/equivalence.md and, where runs log a kill set, "
+               "DEST/partition.md, each under a header that names the machines the runs were "
+               "measured on and the command that regenerates it, and DEST/report.html.")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("snapshot", help="write a docs/results snapshot from run directories",
+                       description=DESCRIPTION)
+    p.add_argument("paths", nargs="+", help="run or sweep directories")
+    p.add_argument("dest", help="snapshot directory, e.g. docs/results/cartpole-demo")
+    p.add_argument("--title", default="Results", help="the snapshot's heading")
+    p.add_argument("--command", default="klppo snapshot ...",
+                   help="the command that regenerates it (shown in the header)")
+    p.add_argument("--smooth", type=int, default=1, metavar="K",
+                   help="report figures: moving average over K iterations (tables: never)")
+    p.add_argument("--finished-only", action="store_true",
+                   help="leave out runs that did not finish")
+    p.set_defaults(func=cmd_snapshot)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from klppo.report import format_table
+    from klppo.report.snapshot import write_snapshot
+
+    try:
+        rep = write_snapshot(args.paths, args.dest, args.title, args.command, args.smooth,
+                             args.finished_only)
+    except REPORTED as e:
+        return fail("snapshot", e)
+    print(format_table(rep.summaries))
+    print(f"wrote {args.dest}: final_returns.md, equivalence.md, partition.md (where runs log a "
+          f"kill set), report.html")
+    return 0
