@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from klppo.cli.errors import BAD_INPUT, INTERRUPTED, REPORTED, fail
+from klppo.cli.flags import path_arg
 from klppo.cli.sweep import check_run_flags, run_and_summarise
 
 DESCRIPTION = ("The main job: clip, per_sample_kl, and kl_penalty with a fixed and with an "
@@ -20,7 +21,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="the main job: the KLip-PPO four-way comparison on "
                                     "CartPole (3 seeds), then the report",
                        description=DESCRIPTION)
-    p.add_argument("--out", default="runs/demo", help="sweep directory (default runs/demo)")
+    p.add_argument("--out", type=path_arg, default="runs/demo",
+                   help="sweep directory (default runs/demo)")
     p.add_argument("--workers", type=int, help="parallel runs (default: one per core)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
                    help="seeds (default 0 1 2)")

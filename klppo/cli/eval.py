@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from klppo.cli.errors import REPORTED, FlagError, exit_code, say_error
+from klppo.cli.flags import int_in, path_arg
 
 DESCRIPTION = ("Run the policy of a run directory's last checkpoint for N episodes (the mode "
                "of each action, or samples with --stochastic) and write the returns' mean and "
@@ -18,15 +19,17 @@ def add_parser(sub) -> None:
                        description=DESCRIPTION,
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("run_dir", help="a run directory with a checkpoint")
-    p.add_argument("--episodes", type=int, default=10, help="episodes to run")
+    p.add_argument("--episodes", type=int_in(1, 100_000), default=10, help="episodes to run")
     p.add_argument("--stochastic", action="store_true",
                    help="sample actions instead of taking the mode")
-    p.add_argument("--seed", type=int, default=1_000_000,
+    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=1_000_000,
                    help="seed of episode 0 (episode k uses seed + k)")
-    p.add_argument("--video", metavar="DIR", help="record every episode as mp4 into DIR "
-                                                   "(needs pip install 'klppo[video]')")
-    p.add_argument("--out", metavar="FILE", help="write the result here instead of "
-                                                 "RUN_DIR/eval.json (a read-only run directory)")
+    p.add_argument("--video", type=path_arg, metavar="DIR",
+                   help="record every episode as mp4 into DIR (needs pip install "
+                        "'klppo[video]')")
+    p.add_argument("--out", type=path_arg, metavar="FILE",
+                   help="write the result here instead of RUN_DIR/eval.json (a read-only "
+                        "run directory)")
     p.add_argument("--random", nargs="+", metavar="POLICY", default=[],
                    help="multi-agent runs: these policies act uniformly at random (e.g. a "
                         "trained adversary against random good agents)")

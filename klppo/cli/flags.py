@@ -10,7 +10,8 @@ from typing import Any, NoReturn, TypeVar
 
 from klppo.cli.errors import BAD_INPUT, FlagError, say_error
 
-__all__ = ["OneLineParser", "parse_config_flags", "yaml_value"]
+__all__ = ["OneLineParser", "parse_config_flags", "yaml_value", "path_arg", "name_arg", "int_in",
+           "Once", "RaisingParser"]
 
 T = TypeVar("T")
 
@@ -21,6 +22,53 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         say_error(self.prog.removeprefix("klppo").strip(), message)
         raise SystemExit(BAD_INPUT)
+
+
+class RaisingParser(argparse.ArgumentParser):
+    """argparse that raises :class:`~klppo.cli.errors.FlagError` (for a parser whose caller
+    reports errors itself, e.g. ``parse_train``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise FlagError(message)
+
+
+def path_arg(text: str) -> str:
+    """An argparse type: a path that names something (not '' or blanks, no NUL byte)."""
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} names no path")
+    return text
+
+
+def name_arg(text: str) -> str:
+    """An argparse type: a name that is not empty."""
+    if not text.strip() or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a name")
+    return text
+
+
+def int_in(low: int, high: int):
+    """An argparse type: an integer in ``[low, high]``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in [{low:,}, {high:,}]")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+class Once(argparse.Action):
+    """A flag that may be given once (argparse keeps the last of several without a word)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore
+        before = getattr(namespace, self.dest, None)
+        if before not in (None, self.default):
+            parser.error(f"argument {option_string}: given twice ({before!r} and {values!r}); "
+                         f"give it once")
+        setattr(namespace, self.dest, values)
 
 
 def _tyro_error(text: str) -> str:

@@ -7,7 +7,9 @@ import csv
 import math
 from pathlib import Path
 
-from klppo.cli.errors import REPORTED, FlagError, fail
+from klppo.cli.errors import REPORTED, FlagError, fail, say_error
+from klppo.cli.flags import path_arg
+from klppo.cli.progress import NumericWarnings
 from klppo.runs.errors import InputError
 
 DESCRIPTION = ("The controller lab: replay a logged KL trace (a run directory, its "
@@ -32,7 +34,7 @@ def add_parser(sub) -> None:
                    help="simulate the KL response to beta instead of replaying a trace")
     for flag, kind, default, what in _CLOSED_LOOP_FLAGS:
         p.add_argument(flag, type=kind, help=f"{what} (default {default}; --closed-loop only)")
-    p.add_argument("--out", default="replay",
+    p.add_argument("--out", type=path_arg, default="replay",
                    help="directory for replay.csv and replay.png (created; default ./replay)")
     p.set_defaults(func=cmd_replay)
 
@@ -154,7 +156,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         w.writerow(["step", *(f"kl[{k}]" for k in kls), *(f"beta[{k}]" for k in labels)])
         for i, s in enumerate(steps):
             w.writerow([s, *(kls[k][i] for k in kls), *(betas[k][i] for k in labels)])
-    png = plot_lab(steps, kls, betas, target, title, out / "replay.png", xlabel)
+    with NumericWarnings() as numeric:  # extreme values overflow inside matplotlib's scaling
+        png = plot_lab(steps, kls, betas, target, title, out / "replay.png", xlabel)
+    if numeric:
+        say_error("replay", f"warning: the plot{numeric.suffix()}")
     who = f"policy {args.policy}: " if args.policy is not None else ""
     print(f"{who}target {target:g} (nats per sample)")
     hdr = ("tracking_error", "overshoot", "settling_time", "time_at_bounds")

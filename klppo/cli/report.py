@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from klppo.cli.errors import FAILED, REPORTED, FlagError, fail, one_line
+from klppo.cli.flags import path_arg
 
 DESCRIPTION = ("Read run directories (or sweep directories, or their parents) and write the "
                "final-return table, the clip vs per_sample_kl equivalence check, figures and a "
@@ -17,7 +18,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("report", help="tables, figures and report.html from runs or sweeps",
                        description=DESCRIPTION)
     p.add_argument("paths", nargs="+", help="run directories, sweep directories, or parents")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", type=path_arg, required=True, help="output directory")
     p.add_argument("--smooth", type=int, default=1, metavar="K",
                    help="figures: moving average over K iterations (default 1: raw curves; "
                         "tables are never smoothed)")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from klppo.cli.errors import FAILED, REPORTED, FlagError, fail
-from klppo.cli.flags import OneLineParser, yaml_value
+from klppo.cli.flags import OneLineParser, path_arg, yaml_value
 
 
 def conclusion(summaries) -> list[str]:
@@ -39,7 +39,7 @@ def _compare_parser() -> argparse.ArgumentParser:
                                   "adaptive controller started from each), then the report")
     p.add_argument("--model", default="runs/lm/base",
                    help="pretrained HF model directory (klppo lm pretrain)")
-    p.add_argument("--out", default="runs/rlhf-compare",
+    p.add_argument("--out", type=path_arg, default="runs/rlhf-compare",
                    help="comparison directory (runs/ and report/)")
     p.add_argument("--iterations", type=int, default=150, help="PPO iterations per arm")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (4 arms each)")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from klppo.cli.errors import REPORTED, FlagError, fail, one_line
-from klppo.cli.flags import yaml_value
+from klppo.cli.flags import Once, name_arg, path_arg, yaml_value
 from klppo.runs.errors import InputError
 
 DESCRIPTION = ("Run every condition of a sweep spec (YAML: preset, base, conditions, grid, "
@@ -27,9 +27,12 @@ SWEEP_EPILOG = (
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="run a grid of conditions x seeds (local pool or Ray)",
                        description=DESCRIPTION, epilog=SWEEP_EPILOG)
-    p.add_argument("--spec", help="sweep spec YAML (preset, base, conditions, grid, seeds)")
-    p.add_argument("--out", required=True, help="sweep directory (re-running it resumes)")
-    p.add_argument("--preset", help="base preset (with flags instead of --spec)")
+    p.add_argument("--spec", type=path_arg, action=Once,
+                   help="sweep spec YAML (preset, base, conditions, grid, seeds)")
+    p.add_argument("--out", type=path_arg, required=True,
+                   help="sweep directory (re-running it resumes)")
+    p.add_argument("--preset", type=name_arg, action=Once,
+                   help="base preset (with flags instead of --spec)")
     p.add_argument("--objectives", nargs="+", help="one condition per objective")
     p.add_argument("--seeds", nargs="+", type=int, help="seeds (default 0 1 2)")
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
@@ -73,10 +76,16 @@ def spec_from_args(args: argparse.Namespace):
     from klppo.experiments.sweep import SweepSpec, load_spec
 
     if args.spec:
+        for flag, value in (("--preset", args.preset), ("--objectives", args.objectives)):
+            if value:
+                raise FlagError(f"{flag}={value!r}: the spec {args.spec!r} names the preset and "
+                                f"the conditions; give them there (or drop --spec)")
         spec = load_spec(args.spec)
     else:
         spec = SweepSpec(preset=args.preset or "klip/cartpole")
         if args.objectives:
+            if len(set(args.objectives)) != len(args.objectives):
+                raise FlagError(f"--objectives={args.objectives!r}: an objective is given twice")
             spec.conditions = {o: {"objective": o} for o in args.objectives}
     if args.seeds is not None:
         spec.seeds = list(args.seeds)

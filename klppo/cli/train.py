@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from klppo.cli.errors import FAILED, REPORTED, FlagError, fail, say_error
-from klppo.cli.flags import parse_config_flags
+from klppo.cli.flags import Once, RaisingParser, name_arg, parse_config_flags, path_arg
 from klppo.cli.progress import NumericWarnings, elapsed_eta
 from klppo.runs.errors import RunFailed
 
@@ -127,10 +127,10 @@ def parse_train(argv: list[str]):
     one-line message the command prints; ``--help`` exits 0."""
     from klppo.rl import config as C
 
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--preset")
-    pre.add_argument("--config")
-    pre.add_argument("--resume")
+    pre = RaisingParser(prog="klppo train", add_help=False)
+    pre.add_argument("--preset", type=name_arg, action=Once)
+    pre.add_argument("--config", type=path_arg, action=Once)
+    pre.add_argument("--resume", type=path_arg, action=Once)
     known, rest = pre.parse_known_args(argv)
     if known.resume is not None:
         if rest or known.preset or known.config:

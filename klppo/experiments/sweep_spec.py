@@ -150,11 +150,20 @@ def _dotted(name: str, d: dict[str, Any] | None) -> dict[str, Any]:
             if not isinstance(node, dict):
                 raise _bad(f"{name}.{key}", value,
                            f"conflicts with {'.'.join(parts[:i + 1])}={node!r}")
-        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
-            node[parts[-1]].update(value)
-        else:
-            node[parts[-1]] = value
+        _set_once(f"{name}.{key}", node, parts[-1], value)
     return out
+
+
+def _set_once(where: str, node: dict[str, Any], key: str, value: Any) -> None:
+    """node[key] = value, merging mappings; a field set twice (``ppo.lr`` and ``ppo: {lr}``)
+    is refused instead of the last one winning."""
+    if key not in node:
+        node[key] = value
+    elif isinstance(value, dict) and isinstance(node[key], dict):
+        for k, v in value.items():
+            _set_once(f"{where}.{k}", node[key], k, v)
+    else:
+        raise _bad(where, value, f"is given twice (also {node[key]!r}); give each field once")
 
 
 def _overlay(where: str, d: dict[str, Any], base: C.TrainConfig,
@@ -198,6 +207,10 @@ def expand(spec: SweepSpec, max_runs: int = MAX_RUNS) -> list[RunPlan]:
     for cname, over in conditions.items():
         _overlay(f"conditions.{cname}", over, base_cfg)
     for key, values in spec.grid.items():
+        labels = [str(v) for v in values]
+        if len(set(labels)) != len(labels):
+            dup = next(v for v in labels if labels.count(v) > 1)
+            raise _bad(f"grid.{key}", values, f"the value {dup} is given twice")
         for v in values:
             _overlay("grid", _dotted("grid", {key: v}), base_cfg)
     keys = list(spec.grid)
@@ -213,12 +226,33 @@ def expand(spec: SweepSpec, max_runs: int = MAX_RUNS) -> list[RunPlan]:
                                base_cfg, check=True)
                 name = _safe(f"{cfg.env}__{label}__{seed}")
                 out.append(RunPlan(name, label, seed, overrides, cfg))
+    _check_envs(out)
     names = [r.name for r in out]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise _bad("conditions", sorted(spec.conditions),
                    f"two runs get the same name {dup!r}; make condition names unique")
     return out
+
+
+def _check_envs(plans: list[RunPlan]) -> None:
+    """Every environment of the sweep can be trained (its extra installed, spaces klppo
+    handles), checked once per env before any directory is made."""
+    from klppo.rl.envs import check_env
+    from klppo.rl.marl.spec import check_multiagent, is_multiagent
+
+    seen: set[str] = set()
+    for plan in plans:
+        if plan.config.env in seen:
+            continue
+        seen.add(plan.config.env)
+        try:
+            if is_multiagent(plan.config.env):
+                check_multiagent(plan.config)
+            else:
+                check_env(plan.config.env)
+        except ValueError as e:  # EnvError, ConfigError: one line naming the env
+            raise C.ConfigError(f"condition {plan.condition}: {e}") from None
 
 
 #: The KLip-PPO four-way comparison on CartPole (what `make demo` runs).

@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
 import re
+import stat
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -128,12 +130,32 @@ def _core_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
 _Loader.add_constructor("tag:yaml.org,2002:int", _core_int)
 
 
+#: the largest file klppo reads as a config, spec or status (a config is a few KB)
+MAX_INPUT_BYTES = 10 * 2**20
+
+
+def _read_bounded(p: Path, name: str) -> bytes:
+    """The bytes of a regular file of at most MAX_INPUT_BYTES (a device such as /dev/zero or a
+    FIFO would never end, a huge file is not a config): InputFileError otherwise."""
+    mode = os.stat(p).st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(str(p))
+    if not stat.S_ISREG(mode):
+        raise InputFileError(f"{name}: not a regular file (a device, a pipe or a socket)")
+    with open(p, "rb") as f:
+        data = f.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputFileError(f"{name}: larger than {MAX_INPUT_BYTES // 2**20} MiB; not a "
+                             f"config file")
+    return data
+
+
 def read_text(path: str | Path, what: str) -> str:
     """The file's text; :class:`InputFileError` ``{what}='path': why`` otherwise."""
     p = Path(path)
     name = f"{what}={str(p)!r}"
     try:
-        data = p.read_bytes()
+        data = _read_bounded(p, name)
     except FileNotFoundError:
         raise InputFileError(f"{name}: no such file") from None
     except IsADirectoryError:

@@ -9,6 +9,7 @@ import pytest
 
 from klppo.cli import main
 from klppo.runs import rundir as R
+from tests.badinput import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "base: {total_steps: 1024, tensorboard: false}\nseeds: [0]\n"
@@ -18,6 +19,12 @@ BOMB = "a: &a [lol]\n" + "".join(
 
 #: (id, spec file text (bytes: raw; None: no --spec), extra flags, the message's start)
 SPEC_CASES = [
+    ("field-dotted-and-nested", "conditions:\n  a: {ppo.lr: 0.1, ppo: {lr: 0.2}}\n", [],
+     "conditions.a.ppo.lr=0.2: is given twice"),
+    ("env-discrete-observations", "grid: {env: [CartPole-v1, FrozenLake-v1]}\n", [],
+     "condition base: env='FrozenLake-v1': observation space Discrete(16)"),
+    ("grid-value-twice", "grid: {ppo.lr: [0.1, 0.10000000000000001]}\n", [],
+     "grid.ppo.lr=[0.1, 0.1]: the value 0.1 is given twice"),
     ("seeds-scalar", "seeds: 0\n", [], "seeds=0: must be a non-empty list"),
     ("seeds-not-int", "seeds: [0, a]\n", [], "seeds=[0, 'a']: "),
     ("seeds-float", "seeds: [0.5]\n", [], "seeds=[0.5]: "),
@@ -79,6 +86,9 @@ SPEC_CASES = [
 
 #: (id, flags, the message's start); the spec is GOOD
 FLAG_CASES = [
+    ("objectives-with-spec", ["--objectives", "clip"], "--objectives=['clip']: the spec"),
+    ("preset-with-spec", ["--preset", "klip/hopper"], "--preset='klip/hopper': the spec"),
+    ("out-empty", ["--out", ""], "argument --out: '' names no path"),
     ("workers-0", ["--workers", "0"], "--workers=0: must be >= 1"),
     ("workers-negative", ["--workers", "-2"], "--workers=-2: must be >= 1"),
     ("set-no-equals", ["--set", "ppo.lr"], "--set='ppo.lr': expected FIELD=VALUE"),
@@ -142,7 +152,7 @@ def test_bad_flag_is_one_line_and_creates_nothing(tmp_path, capsys, case):
     fill = {"tmp": str(tmp_path)}
     flags = [f.format(**fill) for f in flags]
     out = [] if "--out" in flags else ["--out", str(tmp_path / "sweep")]
-    code = main(["sweep", "--spec", str(spec), *out, *flags])
+    code = run_main(["sweep", "--spec", str(spec), *out, *flags])
     check_one_line_error(capsys, code, "sweep", expected.format(**fill))
     assert not (tmp_path / "sweep").exists()
 

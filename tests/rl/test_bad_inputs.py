@@ -50,6 +50,11 @@ FLAGS = {
     "controller_without_beta": (["--objective", "clip", "--kl.controller", "pid",
                                  "--kl.target", "0.01"], "kl.controller='pid'"),
     "update_epochs_huge": (["--ppo.update-epochs", "1000000000"], "ppo.update_epochs="),
+    "preset_empty": (["--preset", ""], "argument --preset: '' is not a name"),
+    "preset_twice": (["--preset", "klip/lunarlander", "--preset", "klip/cartpole"],
+                     "argument --preset: given twice"),
+    "config_twice": (["--config", "a.yaml", "--config", "b.yaml"],
+                     "argument --config: given twice"),
     # non-finite floats anywhere (issue 19: nan blamed the env and named a missing checkpoint)
     "log_std_init_nan": (["--net.log-std-init", "nan"], "net.log_std_init=nan"),
     "log_std_init_inf": (["--net.log-std-init", "-inf"], "net.log_std_init=-inf"),
@@ -117,6 +122,11 @@ YAML = {
     "huge_value": ("ppo:\n  lr: " + "x" * 100_000 + "\n", "ppo.lr='xxxx"),
     "nan_float": ("net:\n  log_std_init: .nan\n", "net.log_std_init=nan"),
     "marl_on_single_agent": ("marl:\n  policies: [a=b]\n", "marl.policies=('a=b',)"),
+    "yaml11_underscore_int": ("total_steps: 1_024\n", "total_steps='1_024'"),
+    "yaml11_yes_bool": ("tensorboard: yes\n", "tensorboard='yes'"),
+    "yaml11_on_bool": ("tensorboard: On\n", "tensorboard='On'"),
+    "yaml11_sexagesimal": ("ppo:\n  lr: 1:30\n", "ppo.lr='1:30'"),
+    "yaml11_date": ("seed: 2026-01-01\n", "seed='2026-01-01'"),
 }
 
 
@@ -138,7 +148,8 @@ def assert_one_line(code, err, expect):
 def test_bad_flag(tmp_path, capsys, name):
     flags, expect = FLAGS[name]
     out = tmp_path / "run"
-    code, err = run(["train", *GOOD, *flags, "--out", str(out)], capsys)
+    good = GOOD[2:] if "--preset" in flags else GOOD  # a case's own preset replaces GOOD's
+    code, err = run(["train", *good, *flags, "--out", str(out)], capsys)
     assert_one_line(code, err, expect)
     assert not out.exists()
 
@@ -201,6 +212,9 @@ def _paths(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
                                     "holds a run that has no metrics yet (metadata.json)"),
         "out_not_empty": (["train", *GOOD, "--out", str(foreign)],
                           "is not empty (1 entries, e.g. 'thesis.tex')"),
+        "config_is_a_device": (["train", *GOOD, "--config", "/dev/zero"],
+                               "config='/dev/zero': not a regular file"),
+        "resume_empty": (["train", "--resume", ""], "argument --resume: '' names no path"),
     }
 
 
@@ -208,7 +222,7 @@ PATH_CASES = ["config_missing", "config_is_directory", "out_is_a_file", "out_und
               "out_holds_a_run", "out_not_writable", "resume_missing", "resume_a_file",
               "resume_not_a_run", "resume_bad_config", "resume_with_flags", "out_empty",
               "runs_root_blank", "out_holds_a_run_without_metrics", "out_holds_only_metadata",
-              "out_not_empty"]
+              "out_not_empty", "config_is_a_device", "resume_empty"]
 
 
 @pytest.mark.parametrize("name", PATH_CASES)

@@ -88,6 +88,13 @@ CASES = [
     ("out-under-a-file", _nothing, ["--out", "{tmp}/file/e.json"],
      ["out=", "is not a directory"]),
     ("video-under-a-file", _nothing, ["--video", "{tmp}/file/v"], ["--video=", "is a file"]),
+    ("video-empty", _nothing, ["--video", ""], ["argument --video: '' names no path"]),
+    ("out-empty", _nothing, ["--out", ""], ["argument --out: '' names no path"]),
+    ("episodes-zero", _nothing, ["--episodes", "0"], ["--episodes: 0 is not in [1, 100,000]"]),
+    ("episodes-huge", _nothing, ["--episodes", "1000000000"], ["--episodes: 1000000000"]),
+    ("seed-beyond-64-bits", _nothing, ["--seed", str(2**64)], ["--seed: 18446744073709551616"]),
+    ("weights-nan", _agent(lambda a: {**a, "actor.0.weight": a["actor.0.weight"] * float("nan")}),
+     [], ["checkpoint.pt", "actor.0.weight holds a non-finite value"]),
 ]
 
 
