@@ -18,14 +18,14 @@ def test_train_help_lists_the_preparser_flags(capsys):
     described = [line.split()[:2] for line in out.splitlines() if line.startswith("  --")]
     for flag in (["--preset", "NAME"], ["--config", "FILE.yaml"], ["--resume", "RUN_DIR"]):
         assert flag in described  # its own line, with what it does
-    from klppo.rl.config import PRESETS
+    from klppo.rl.presets import PRESETS
 
     for name in PRESETS:  # every preset is named in the help
         assert name in out
 
 
 def test_total_steps_rounding_is_announced(tmp_path, capsys):
-    from klppo.rl.config import preset
+    from klppo.rl.presets import preset
 
     cfg = preset("klip/cartpole")  # 4 envs x 128 steps = 512 per iteration
     assert announce_rounding(dataclasses.replace(cfg, total_steps=1024)) is None
@@ -91,7 +91,7 @@ def test_progress_eta_counts_only_this_process_iterations(monkeypatch):
 
 
 def test_progress_shows_beta_dash_without_a_controller_beta():
-    from klppo.rl.config import preset
+    from klppo.rl.presets import preset
 
     cfg = preset("klip/cartpole")
     clip = cli_train._progress(dataclasses.replace(cfg, objective="clip"))

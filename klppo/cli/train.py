@@ -105,9 +105,10 @@ def _load_base(known: argparse.Namespace):
     from pathlib import Path
 
     from klppo.rl import config as C
+    from klppo.rl.presets import preset
     from klppo.runs import rundir as R
 
-    base = C.preset(known.preset) if known.preset else C.TrainConfig()
+    base = preset(known.preset) if known.preset else C.TrainConfig()
     if known.config:
         path = Path(known.config)
         data = R.read_yaml(path, "config")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from klppo.rl import config as C
+from klppo.rl.presets import preset
 from klppo.runs.configfile import InputError, merge_nested, parse_yaml, read_text
 from klppo.runs.typecheck import short_repr
 
@@ -201,7 +202,7 @@ def expand(spec: SweepSpec, max_runs: int = MAX_RUNS) -> list[RunPlan]:
     if n > max_runs:
         raise _bad("runs", n, f"the spec asks for {n:,} runs (conditions x grid x seeds), more "
                    f"than {max_runs:,}; pass --max-runs {n} if that is meant")
-    base_cfg = C.preset(spec.preset) if spec.preset else C.TrainConfig()
+    base_cfg = preset(spec.preset) if spec.preset else C.TrainConfig()
     base_cfg = _overlay("base", _dotted("base", spec.base), base_cfg)
     conditions = {n: _dotted(f"conditions.{n}", o) for n, o in spec.conditions.items()}
     for cname, over in conditions.items():

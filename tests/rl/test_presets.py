@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import klppo.rl as rl
-from klppo.rl.config import PRESETS
 from klppo.rl.envs import EnvError
+from klppo.rl.presets import PRESETS
 
 EXTRA = {"klip/lunarlander": "Box2D"} | {
     k: "mpe2" if k.startswith("marl/") else "mujoco" for k in PRESETS

@@ -101,7 +101,7 @@ def test_an_env_that_cannot_be_replayed_is_reported_loudly(tmp_path, caplog):
 def test_preset_envs_are_all_exactly_restorable():
     """No preset's env falls in the class that cannot be restored: every preset steps a
     vector env with a state_dict (replay or pickle), none uses async vectorisation."""
-    from klppo.rl.config import PRESETS
+    from klppo.rl.presets import PRESETS
 
     for name, make in PRESETS.items():
         assert make().rollout.vectorization == "auto", name

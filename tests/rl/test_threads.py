@@ -13,7 +13,7 @@ import pytest
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from klppo.rl.config import PRESETS
+from klppo.rl.presets import PRESETS
 from klppo.rl.trainer import TIMING_KEYS
 from klppo.runs.threads import compute_threads
 
@@ -70,7 +70,7 @@ def _compare(flags: list[str], tmp_path: Path) -> None:
 
 def _short_flags(name: str) -> list[str]:
     """Three iterations of a preset, rollouts cut to keep a MuJoCo run to seconds."""
-    from klppo.rl.config import preset
+    from klppo.rl.presets import preset
 
     c = preset(name)
     steps = min(c.rollout.num_steps, 256 if not name.startswith("marl/") else 50)
