@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from klppo.core.advantages import NormScope
 from klppo.core.controllers import CONTROLLERS, ControllerName, StepPreset
-from klppo.core.loss import OBJECTIVES, KLEstimatorChoice
+from klppo.core.loss import OBJECTIVES, KLEstimatorChoice, ObjectiveName
 from klppo.core.surrogates import SHAPES, SOFT_SHAPES, Shape
 from klppo.core.values import ValueLossKind
 from klppo.rl import bounds
@@ -183,7 +183,7 @@ class TrainConfig:
     env: str = "CartPole-v1"
     """Gymnasium environment id, module:EnvId to import a user's module first, or
     pettingzoo:MODULE for a multi-agent PettingZoo parallel env (MODULE.parallel_env)"""
-    objective: str = "clip"
+    objective: ObjectiveName = "clip"
     """clip, per_sample_kl, kl_penalty, unclipped, clip_kl (klppo.core.objectives.OBJECTIVES)"""
     seed: int = 0
     """seed of the networks, the environments, action sampling and minibatch order"""

@@ -57,7 +57,7 @@ SPEC_CASES = [
     ("grid-bad-type", "grid: {ppo.lr: [fast]}\n", [], ""),
     ("hidden-bad-type", "base: {net.hidden: 3}\n", [], "base"),
     ("condition-bad-value", "conditions: {c: {objective: nope}}\n", [],
-     "objective='nope': must be one of"),
+     "conditions.c.objective='nope': must be one of"),
     # issue 19: the last of two equal keys won silently
     ("duplicate-condition", "conditions:\n  a: {objective: clip}\n  a: {objective: clip_kl}\n",
      [], "spec='{spec}': not valid YAML at line 3, column 3: duplicate key 'a'"),
