@@ -7,10 +7,7 @@ are properties, never written back into the config.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
 import math
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,8 +17,9 @@ from klppo.core.loss import OBJECTIVES, KLEstimatorChoice, ObjectiveName
 from klppo.core.surrogates import SHAPES, SOFT_SHAPES, Shape
 from klppo.core.values import ValueLossKind
 from klppo.rl import bounds
+from klppo.runs.configfile import overlay
 from klppo.runs.errors import ConfigError
-from klppo.runs.typecheck import TypeCheckError, check_value, short_repr
+from klppo.runs.typecheck import short_repr
 
 Cadence = Literal["minibatch", "epoch", "iteration"]
 KLMeasure = Literal["last_minibatch", "epoch_mean", "rollout"]
@@ -333,41 +331,6 @@ def from_dict(d: Any, base: TrainConfig | None = None, source: str = "config") -
         raise ConfigError(f"{source}: must be a mapping of config fields, got "
                           f"{type(d).__name__} {short_repr(d, 60)}")
     try:
-        return _overlay(cfg, d, "")
+        return overlay(cfg, d)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}" if source != "config" else str(e)) from None
-
-
-def _known(name: str, known: list[str]) -> str:
-    """"; did you mean X?" and, when short, the known names (a message stays one short line)."""
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    listing = f"; known: {known}"
-    return hint + (listing if len(listing) <= 160 else " (klppo train --help lists them)")
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _overlay(obj: Any, d: dict[str, Any], prefix: str) -> Any:
-    fields = {f.name: f for f in dataclasses.fields(obj)}
-    hints = _hints(type(obj))
-    changes = {}
-    for key, value in d.items():
-        name = str(key).replace("-", "_")
-        if name not in fields:
-            raise ConfigError(f"{prefix}{str(key)[:60]}: unknown config field"
-                              f"{_known(name, sorted(fields))}")
-        current = getattr(obj, name)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, dict):
-                raise _bad(prefix + name, value, "must be a mapping")
-            changes[name] = _overlay(current, value, f"{prefix}{name}.")
-            continue
-        try:
-            changes[name] = check_value(prefix + name, value, hints[name])
-        except TypeCheckError as e:
-            raise ConfigError(str(e)) from None
-    return dataclasses.replace(obj, **changes)

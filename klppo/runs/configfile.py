@@ -205,23 +205,37 @@ def field_hints(cls: type) -> dict[str, Any]:
     return {k: v for k, v in typing.get_type_hints(cls).items() if k in names}
 
 
-def overlay(base: T, values: dict[str, Any]) -> T:
-    """``base`` with ``values`` replacing its fields, each checked against its annotation.
+def overlay(base: T, values: dict[str, Any], prefix: str = "") -> T:
+    """``base`` (a dataclass config) with ``values`` replacing its fields, each checked against
+    its annotation; a field that is itself a dataclass takes a nested mapping. The one overlay
+    of every klppo config (training, RLHF, pretraining).
 
     Keys may use ``-`` for ``_``. Unknown keys raise :class:`UnknownFieldError`, values of the
-    wrong type :class:`TypeCheckError`; both name the field and the value.
+    wrong type :class:`TypeCheckError`; both name the field (with ``prefix``) and the value.
     """
     hints = field_hints(type(base))
     changes = {}
     for key, value in values.items():
         name = str(key).replace("-", "_")
         if name not in hints:
-            close = difflib.get_close_matches(name, list(hints), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise UnknownFieldError(f"{key}={value!r}: unknown field of "
-                                    f"{type(base).__name__}{hint}")
-        changes[name] = check_value(name, value, hints[name])
+            raise UnknownFieldError(f"{prefix}{short_repr(str(key))[1:-1]}={short_repr(value)}: "
+                                    f"unknown config field{_known(name, sorted(hints))}")
+        current = getattr(base, name)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise TypeCheckError(f"{prefix}{name}={short_repr(value)}: must be a mapping")
+            changes[name] = overlay(current, value, f"{prefix}{name}.")
+        else:
+            changes[name] = check_value(prefix + name, value, hints[name])
     return dataclasses.replace(base, **changes)
+
+
+def _known(name: str, known: list[str]) -> str:
+    """"; did you mean X?" and, when short, the known names (a message stays one short line)."""
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    listing = f"; known: {known}"
+    return hint + (listing if len(listing) <= 160 else " (--help lists them)")
 
 
 def merge_nested(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,8 @@ import types
 import typing
 from typing import Any, Literal
 
+from klppo.runs.errors import ConfigError
+
 __all__ = ["TypeCheckError", "check_value", "describe", "short_repr"]
 
 #: the longest repr of a value that an error message quotes (a message stays one short line)
@@ -24,7 +26,7 @@ def short_repr(value: Any, limit: int = REPR_LIMIT) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-class TypeCheckError(ValueError):
+class TypeCheckError(ConfigError):
     """A value does not have its field's type; the message names the field and the value."""
 
 

@@ -49,7 +49,7 @@ SPEC_CASES = [
     ("preset-unknown", "preset: nope\n", [], "preset='nope': unknown"),
     ("preset-not-str", "preset: 3\n", [], "preset=3: must be a preset name"),
     ("base-list", "base: [1]\n", [], "base=[1]: must be a mapping"),
-    ("base-unknown-field", "base: {ppo.nope: 1}\n", [], "base.ppo.nope: unknown config field"),
+    ("base-unknown-field", "base: {ppo.nope: 1}\n", [], "base.ppo.nope=1: unknown config field"),
     ("base-conflict", "base: {ppo: 1, ppo.lr: 1}\n", [], "base.ppo.lr=1: conflicts with ppo=1"),
     ("base-bad-value", "base: {total_steps: -5}\n", [], "total_steps=-5: must be an integer"),
     # the field is named once config.from_dict checks types; till then validate's TypeError
@@ -77,7 +77,7 @@ SPEC_CASES = [
     ("base-seed", "base: {seed: 3}\n", [], "base.seed=3: a sweep sets seed itself"),
     ("base-out", "base: {out: x}\n", [], "base.out='x': a sweep sets out itself"),
     ("condition-out", "conditions: {c: {out: x}}\n", [], "conditions.c.out='x': a sweep sets"),
-    ("grid-resume", "grid: {resume: [true]}\n", [], "grid.resume: unknown config field"),
+    ("grid-resume", "grid: {resume: [true]}\n", [], "grid.resume=True: unknown config field"),
     # a grid far beyond what anyone means
     ("too-many-runs", "grid: {{ppo.lr: [{0}], kl.target: [{0}]}}\nseeds: [{1}]\n".format(
         ", ".join(str(0.001 * i) for i in range(1, 101)), ", ".join(map(str, range(20)))),
@@ -95,7 +95,7 @@ FLAG_CASES = [
     ("set-no-field", ["--set", "=3"], "--set='=3': expected FIELD=VALUE"),
     ("set-no-value", ["--set", "ppo.lr="], "--set='ppo.lr=': expected FIELD=VALUE"),
     ("set-bad-yaml", ["--set", "ppo.lr=[1"], "--set='ppo.lr=[1': '[1' is not a YAML value"),
-    ("set-unknown-field", ["--set", "ppo.nope=1"], "base.ppo.nope: unknown config field"),
+    ("set-unknown-field", ["--set", "ppo.nope=1"], "base.ppo.nope=1: unknown config field"),
     ("grid-no-equals", ["--grid", "kl.target"], "--grid='kl.target': expected FIELD=V1,V2"),
     ("grid-empty-value", ["--grid", "kl.target=0.01,,0.02"], "--grid='kl.target=0.01,,0.02': "),
     ("grid-no-values", ["--grid", "kl.target="], "--grid='kl.target=': expected FIELD=V1,V2"),

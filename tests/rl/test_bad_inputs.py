@@ -104,7 +104,7 @@ YAML = {
     "norm_obs_string": ("rollout:\n  norm_obs: yes please\n", "rollout.norm_obs='yes please'"),
     "target_string": ("kl:\n  target: '0.02'\n", "kl.target='0.02'"),
     "section_not_mapping": ("ppo: 3\n", "ppo=3"),
-    "unknown_field": ("ppo:\n  lr_schedule: cosine\n", "ppo.lr_schedule: unknown"),
+    "unknown_field": ("ppo:\n  lr_schedule: cosine\n", "ppo.lr_schedule='cosine': unknown config field"),
     "unknown_controller": ("kl:\n  controller: magic\n", "kl.controller='magic'"),
     "objective_int": ("objective: 3\n", "objective=3"),
     "top_level_list": ("- 1\n- 2\n", "must be a mapping"),

@@ -53,7 +53,7 @@ class Small:
 def test_overlay_checks_types_and_names_unknown_fields(tmp_path):
     (tmp_path / "c.yaml").write_text("lr: 1\nhorizon: null\nflag: true\n")
     assert overlay(Small(), read_config_file(tmp_path / "c.yaml")) == Small(1.0, True, None)
-    with pytest.raises(UnknownFieldError, match=r"^lrr=0.5: unknown field of Small \(did you"):
+    with pytest.raises(UnknownFieldError, match=r"^lrr=0.5: unknown config field; did you"):
         overlay(Small(), {"lrr": 0.5})
     with pytest.raises(TypeCheckError, match="^flag='yes please': must be true or false$"):
         overlay(Small(), {"flag": "yes please"})
