@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from klppo.cli.errors import FAILED, REPORTED, FlagError, fail, one_line
+from klppo.cli.errors import FAILED, REPORTED, FlagError, fail, one_line, say_error
 from klppo.cli.flags import path_arg
 
 DESCRIPTION = ("Read run directories (or sweep directories, or their parents) and write the "
@@ -52,7 +51,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     for note in rep.notes:
         print(f"note: {note}")
     if not rep.summaries:
-        print("report: no readable run found", file=sys.stderr)
+        say_error("report", "no readable run found in " + ", ".join(args.paths))
         return FAILED
     print(format_table(rep.summaries))
     for q in rep.equivalences:

@@ -63,8 +63,11 @@ class SweepSpec:
             raise _bad("conditions", self.conditions,
                        "must be a mapping of condition name -> overrides")
         for name, over in self.conditions.items():
-            if not isinstance(name, str) or not name:
+            if not isinstance(name, str) or not name.strip():
                 raise _bad("conditions", name, "a condition name must be a non-empty string")
+            if len(name) > 64 or any(c in name for c in "/\\\0") or not name.isprintable():
+                raise _bad("conditions", name, "a condition name names run directories: at "
+                           "most 64 printable characters, no '/', '\\' or NUL")
             _check_overrides(f"conditions.{name}", over)
         if not isinstance(self.grid, dict):
             raise _bad("grid", self.grid, "must be a mapping of dotted field -> list of values")

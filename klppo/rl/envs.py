@@ -33,6 +33,9 @@ class EnvError(UserInputError):
 def _resolve_id(env_id: str) -> str:
     if ":" in env_id:
         module, _, name = env_id.partition(":")
+        if not module.strip() or module.startswith(".") or not name.strip():
+            raise EnvError(f"env={env_id!r}: expected MODULE:ID (a module that registers the "
+                           f"environment, then its id)")
         try:
             importlib.import_module(module)
         except ImportError as e:

@@ -19,6 +19,10 @@ BOMB = "a: &a [lol]\n" + "".join(
 
 #: (id, spec file text (bytes: raw; None: no --spec), extra flags, the message's start)
 SPEC_CASES = [
+    ("condition-name-nul", 'conditions:\n  "a\\0b": {objective: clip}\n', [],
+     "conditions='a\\x00b': a condition name names run directories"),
+    ("condition-name-long", "conditions:\n  " + "c" * 300 + ": {objective: clip}\n", [],
+     "conditions='cccc"),
     ("field-dotted-and-nested", "conditions:\n  a: {ppo.lr: 0.1, ppo: {lr: 0.2}}\n", [],
      "conditions.a.ppo.lr=0.2: is given twice"),
     ("env-discrete-observations", "grid: {env: [CartPole-v1, FrozenLake-v1]}\n", [],

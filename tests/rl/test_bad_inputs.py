@@ -52,6 +52,8 @@ FLAGS = {
                                  "--kl.target", "0.01"], "kl.controller='pid'"),
     "update_epochs_huge": (["--ppo.update-epochs", "1000000000"], "ppo.update_epochs="),
     "preset_empty": (["--preset", ""], "argument --preset: '' is not a name"),
+    "env_module_empty": (["--env", ":"], "env=':': expected MODULE:ID"),
+    "pettingzoo_module_empty": (["--env", "pettingzoo:"], "env='pettingzoo:': names no module"),
     "preset_twice": (["--preset", "klip/lunarlander", "--preset", "klip/cartpole"],
                      "argument --preset: given twice"),
     "config_twice": (["--config", "a.yaml", "--config", "b.yaml"],

@@ -57,6 +57,9 @@ def env_kwargs(cfg: C.TrainConfig) -> dict[str, Any]:
 def make_parallel_env(cfg: C.TrainConfig) -> Any:
     """A new PettingZoo parallel env of ``cfg.env`` (:class:`EnvError` naming why not)."""
     module = cfg.env[len(PREFIX):]
+    if not module.strip() or module.startswith("."):
+        raise EnvError(f"env={cfg.env!r}: names no module (pettingzoo:MODULE, e.g. "
+                       f"pettingzoo:mpe2.simple_adversary_v3)")
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
