@@ -17,16 +17,18 @@ fixed          beta constant
 step           d > hi_band * target: beta *= increase; d < target / lo_band: beta *= decrease
 proportional   e = clip(d / target - 1, -clip, clip); beta *= 1 + e * n_steps / horizon
 exponential    beta *= exp(gain * (d - target))
-pid            delta = d - target; I = max(0, I + ki*delta); D = max(0, d - d_prev);
-               beta = max(0, kp*delta + I + kd*D)   (optional EMA smoothing of P and D inputs)
+pid            delta = d - target; I = clamp(I + ki*delta, 0, beta_max);
+               D = max(0, d_s - d_s_prev); beta = max(0, kp*delta_s + I + kd*D)
+               (delta_s, d_s: optional EMAs of delta and d; beta then clamped as every rule)
 =============  ===============================================================================
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
+
+from klppo.core.controller_base import KLController, UpdateInfo, _positive
 
 ControllerName = Literal["fixed", "step", "proportional", "exponential", "pid"]
 StepPreset = Literal["ppo_paper", "rllib", "torchrl", "klip"]
@@ -44,160 +46,6 @@ __all__ = [
     "CONTROLLERS",
     "make_controller",
 ]
-
-
-@dataclass(frozen=True)
-class UpdateInfo:
-    """What one controller update saw and did (logged by the trainer every update)."""
-
-    target: float | None
-    """Target KL (same unit as ``observed``); None for a fixed controller without a target."""
-    observed: float
-    """The KL the controller was fed."""
-    relative_error: float | None
-    """``observed / target - 1`` before any clipping (None without a target)."""
-    error_clipped: bool
-    """True when the proportional rule clipped the relative error to +-clip."""
-    beta_before: float
-    beta_after: float
-    n_steps: int
-
-    @property
-    def beta_change(self) -> float:
-        """Multiplicative change ``beta_after / beta_before`` (nan when beta_before is 0)."""
-        return self.beta_after / self.beta_before if self.beta_before != 0 else math.nan
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "beta_change": self.beta_change}
-
-
-def _finite(name: str, value: float) -> float:
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {name}={value!r}")
-    return v
-
-
-def _positive(owner: str, name: str, value: float) -> float:
-    v = float(value)
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{owner}: {name} must be finite and > 0, got {name}={value!r}")
-    return v
-
-
-class KLController:
-    """Base class: holds beta and its bounds, validates, records :class:`UpdateInfo`.
-
-    Args:
-        beta: initial coefficient (>= 0).
-        target: target KL (> 0), in the unit of the KL the caller will feed.
-        beta_min: lower bound on beta (default 0).
-        beta_max: upper bound on beta (default inf).
-    """
-
-    name: ClassVar[str] = "base"
-    requires_target: ClassVar[bool] = True
-
-    def __init__(
-        self,
-        beta: float = 1.0,
-        target: float | None = None,
-        beta_min: float = 0.0,
-        beta_max: float = math.inf,
-    ) -> None:
-        cls = type(self).__name__
-        if target is None:
-            if self.requires_target:
-                raise ValueError(f"{cls}: target is required, got target=None")
-        else:
-            target = _positive(cls, "target", target)
-        beta_min, beta_max = float(beta_min), float(beta_max)
-        if not (beta_min >= 0 and not math.isnan(beta_min)):
-            raise ValueError(f"{cls}: beta_min must be >= 0, got beta_min={beta_min!r}")
-        if beta_min > beta_max:
-            raise ValueError(
-                f"{cls}: beta_min must be <= beta_max, got beta_min={beta_min!r} > "
-                f"beta_max={beta_max!r}"
-            )
-        beta = float(beta)
-        if not (math.isfinite(beta) and beta >= 0):
-            raise ValueError(f"{cls}: beta must be finite and >= 0, got beta={beta!r}")
-        self.target = target
-        self.beta_min = beta_min
-        self.beta_max = beta_max
-        self._beta = self._clamp(beta)
-        self.info: UpdateInfo | None = None
-        self.num_updates = 0
-
-    # ------------------------------------------------------------------ interface
-    @property
-    def value(self) -> float:
-        """The current beta."""
-        return self._beta
-
-    def update(self, observed_kl: float, n_steps: int = 1) -> float:
-        """Feed one KL measurement; return the new beta.
-
-        Args:
-            observed_kl: the measured KL, in the unit of ``target``.
-            n_steps: samples (or episodes) the measurement covers; only the proportional rule
-                uses it (trlx / Ziegler's ``n_steps / horizon``).
-        """
-        d = _finite("observed_kl", observed_kl)
-        n = int(n_steps)
-        if n < 1:
-            raise ValueError(f"n_steps must be >= 1, got n_steps={n_steps!r}")
-        before = self._beta
-        raw_error = None if self.target is None else d / self.target - 1.0
-        proposed, clipped = self._next_beta(d, n)
-        self._beta = self._clamp(proposed)
-        self.num_updates += 1
-        self.info = UpdateInfo(
-            target=self.target,
-            observed=d,
-            relative_error=raw_error,
-            error_clipped=clipped,
-            beta_before=before,
-            beta_after=self._beta,
-            n_steps=n,
-        )
-        return self._beta
-
-    def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:  # pragma: no cover
-        raise NotImplementedError
-
-    def _clamp(self, beta: float) -> float:
-        return min(max(beta, self.beta_min), self.beta_max)
-
-    # ------------------------------------------------------------------ state
-    def _extra_state(self) -> dict[str, Any]:
-        return {}
-
-    def _load_extra_state(self, state: dict[str, Any]) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue identically: beta, update count, internal state."""
-        return {
-            "name": self.name,
-            "beta": self._beta,
-            "num_updates": self.num_updates,
-            "info": None if self.info is None else asdict(self.info),
-            **self._extra_state(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("name") != self.name:
-            raise ValueError(
-                f"state_dict is for controller {state.get('name')!r}, not {self.name!r}"
-            )
-        self._beta = float(state["beta"])
-        self.num_updates = int(state["num_updates"])
-        self.info = None if state.get("info") is None else UpdateInfo(**state["info"])
-        self._load_extra_state(state)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(beta={self._beta:.6g}, target={self.target})"
 
 
 class FixedKL(KLController):
