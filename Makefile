@@ -32,8 +32,10 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''
 
+# ruff (with no print outside the CLI and docstrings in core/ and nn/) and mypy on klppo/core
 lint: $(STAMP)
 	$(BIN)/ruff check klppo tests benchmarks tools examples
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_losses.py

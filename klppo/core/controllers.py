@@ -90,6 +90,7 @@ class StepKL(KLController):
     :data:`STEP_PRESETS`; explicit arguments override the preset.
     """
 
+    target: float  # this rule needs a target (the base refuses None for it)
     name = "step"
 
     def __init__(
@@ -153,6 +154,7 @@ class ProportionalKL(KLController):
     Typical settings: trlx's HH example beta 0.05, target 6 (nats per sequence), horizon 10000.
     """
 
+    target: float  # this rule needs a target (the base refuses None for it)
     name = "proportional"
 
     def __init__(
@@ -177,6 +179,7 @@ class ProportionalKL(KLController):
 class ExponentialKL(KLController):
     """``beta *= exp(gain * (d - target))``, clamped to ``[1e-4, 10]`` by default."""
 
+    target: float  # this rule needs a target (the base refuses None for it)
     name = "exponential"
 
     def __init__(
@@ -207,6 +210,7 @@ class PIDKL(KLController):
     the target (an error of 0.01 nats needs ki of order 10-100 to move beta).
     """
 
+    target: float  # this rule needs a target (the base refuses None for it)
     name = "pid"
 
     def __init__(
@@ -237,7 +241,7 @@ class PIDKL(KLController):
     def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
         delta = d - self.target
         self.integral = min(max(self.integral + self.ki * delta, 0.0), self.beta_max)
-        if self._delta_s is None:
+        if self._delta_s is None or self._d_s is None:
             delta_s, d_s, derivative = delta, d, 0.0
         else:
             delta_s = self.p_ema * self._delta_s + (1 - self.p_ema) * delta

@@ -116,7 +116,8 @@ def tutorial_kl(log_r: torch.Tensor) -> torch.Tensor:
 
 
 #: name -> function of ``log r = log p - log q`` on samples from q. One small table, no if/elif.
-ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+#: name -> per-sample estimate of log w (torch tensors and numpy arrays alike)
+ESTIMATORS: dict[str, Callable[[Any], Any]] = {
     "k1": k1,
     "k2": k2,
     "k3": k3,
@@ -130,7 +131,7 @@ NOT_KL: frozenset[str] = frozenset({"k3_flipped", "tutorial"})
 
 #: name -> d estimator / d log r (log r = logp_new - logp_old for the PPO trust region), on
 #: torch tensors or numpy arrays; tests check each against autograd on :data:`ESTIMATORS`.
-ESTIMATOR_GRADS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+ESTIMATOR_GRADS: dict[str, Callable[[Any], Any]] = {
     "k1": lambda log_r: -_xp(log_r).ones_like(log_r),
     "k2": lambda log_r: log_r,
     "k3": lambda log_r: _xp(log_r).expm1(log_r),
@@ -206,7 +207,7 @@ def monte_carlo_kl(
     if seed is None:
         x, log_p = draw()
     else:
-        devices = [] if x_device_is_cpu(p) else None
+        devices: list[Any] | None = [] if x_device_is_cpu(p) else None
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             x, log_p = draw()
@@ -299,7 +300,7 @@ def full_kl(
             kl = _kl_from_logits(lp, lq)
         out.append(kl)
     result = torch.cat(out).reshape(lead)
-    if flat_mask is not None:
+    if flat_mask is not None and mask is not None:
         result = torch.where(mask.bool(), result, torch.zeros((), device=result.device))
         check_tensor("full_kl (valid positions)", result)
     return result

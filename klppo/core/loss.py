@@ -25,6 +25,7 @@ from klppo.core.objectives import (
     ShapeSpec,
     make_objective,
 )
+from klppo.core.surrogates import Shape
 from klppo.core.values import ValueLossKind, explained_variance, value_loss
 
 ObjectiveName = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl"]
@@ -65,7 +66,7 @@ class PPOLoss:
         eps_low: float | None = None,
         eps_high: float | None = None,
         dual_clip: float | None = None,
-        shape: str | Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = "clip",
+        shape: Shape | Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = "clip",
         softness: float | None = None,
         softness_low: float | None = None,
         softness_high: float | None = None,

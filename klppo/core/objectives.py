@@ -26,13 +26,13 @@ This module uses numpy as well as torch (the closed forms run on numpy arrays).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
 
 from klppo.core.band import DEFAULT_EPS, kill_mask
-from klppo.core.kl import ESTIMATOR_GRADS, ESTIMATORS, sampled_kl
+from klppo.core.kl import ESTIMATOR_GRADS, ESTIMATORS, Estimator, sampled_kl
 from klppo.core.surrogates import (
     SHAPES,
     ShapeLike,
@@ -169,7 +169,7 @@ class Objective:
                     "per-state analytic KL(pi_old || pi_new)); pass it or choose a sampled "
                     "estimator")
             return kl
-        return sampled_kl(logp_old, logp_new, self.kl_estimator)
+        return sampled_kl(logp_old, logp_new, cast(Estimator, self.kl_estimator))
 
     # ------------------------------------------------------------------ numpy
     def closed_form(self, w, a, wa, logp, log_w, kl, beta: float) -> ClosedForm:

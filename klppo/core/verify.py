@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
-from klppo.core.controllers import make_controller
+from klppo.core.controllers import ControllerName, make_controller
 from klppo.core.surrogates import (
     clip_objective,
     partition,
@@ -23,6 +24,9 @@ from klppo.core.surrogates import (
 
 @dataclass
 class GradientCheck:
+    """Theorem 1 at one batch size: over ``batches`` random batches, the largest absolute and
+    relative difference of the two gradients and how many batches agreed bit for bit."""
+
     batch_size: int
     batches: int
     max_abs_diff: float
@@ -32,6 +36,9 @@ class GradientCheck:
 
 @dataclass
 class VerifyResult:
+    """What ``klppo verify`` prints: Theorem 1 per batch size, Theorem 2's residuals (float32,
+    float64, the smallest Phi), the partition fractions and the controllers on a KL trace."""
+
     theorem1: list[GradientCheck]
     theorem2_max_abs_diff: float
     theorem2_max_rel_diff: float
@@ -71,7 +78,7 @@ def gradient_pair(
     ratio = torch.exp(x - logp_old)
     (g_clip,) = torch.autograd.grad(clip_objective(ratio, advantage, eps).mean(), x)
     y = logp_new.detach().clone().requires_grad_(True)
-    obj = per_sample_kl_objective(y, logp_old, advantage, eps, shape="clip")
+    obj = cast(torch.Tensor, per_sample_kl_objective(y, logp_old, advantage, eps, shape="clip"))
     (g_tmpl,) = torch.autograd.grad(obj.mean(), y)
     return g_clip, g_tmpl
 
@@ -115,7 +122,7 @@ def verify(
 
     trace = scripted_kl_trace()
     betas: dict[str, list[float]] = {}
-    setups = {
+    setups: dict[str, dict[str, Any]] = {
         "fixed": dict(beta=1.0, target=0.02),
         "step(ppo_paper)": dict(preset="ppo_paper", target=0.02),
         "step(rllib)": dict(preset="rllib", target=0.02),
@@ -125,7 +132,7 @@ def verify(
         "pid": dict(beta=1.0, target=0.02, kp=10.0, ki=20.0),
     }
     for label, opts in setups.items():
-        ctrl = make_controller(label.split("(")[0], **opts)
+        ctrl = make_controller(cast(ControllerName, label.split("(")[0]), **opts)
         betas[label] = [ctrl.update(d) for d in trace]
     return VerifyResult(checks, t2, t2_rel, t2_64, float(phi.min()), fractions, trace, betas)
 
