@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parents[1] / "klppo"
 #: package -> the klppo packages it may import
 ALLOWED = {
     "core": set(),
-    "runs": {"klppo"},  # klppo.__version__ for the run metadata
+    "runs": set(),  # plumbing: imports no other klppo package (its version from metadata)
     "nn": {"core"},
     "rl": {"core", "nn", "runs"},
     "lm": {"core", "runs"},

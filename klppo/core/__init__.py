@@ -1,8 +1,10 @@
 """Pure tensor math: KL estimators, beta controllers, PPO surrogates, values, GAE, diagnostics.
 
 Imports torch and numpy only (numpy for the closed forms the numpy fast path runs, in
-``objectives``, ``kl``, ``values`` and ``advantages``): no environments, files, loggers or
-global RNG state.
+``objectives``, ``kl``, ``values`` and ``advantages``): no environments, files or loggers. No
+global RNG state is kept; the one function that draws samples, ``monte_carlo_kl``, uses torch's
+global generator unless it is given a ``seed`` (then it forks the generator and leaves it as it
+was).
 """
 
 from klppo.core._checks import validation

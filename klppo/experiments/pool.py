@@ -19,7 +19,7 @@ from typing import Any
 from klppo.experiments import launch as L
 from klppo.runs import rundir as R
 
-log = logging.getLogger("klppo.experiments.sweep")
+log = logging.getLogger(__name__)
 
 __all__ = ["SweepStop", "signals_to", "run_local", "Done", "BUSY_WAIT_S"]
 

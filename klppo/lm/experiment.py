@@ -38,7 +38,7 @@ from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_re
 from klppo.runs.checkpoint import save_checkpoint
 from klppo.runs.device import resolve_device
 
-log = logging.getLogger("klppo.lm.rlhf")
+log = logging.getLogger(__name__)
 
 __all__ = ["Experiment", "TIMING_KEYS", "STATE_KEYS"]
 

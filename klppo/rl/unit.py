@@ -27,7 +27,7 @@ from klppo.rl.policy import load_weights
 from klppo.rl.rollout import RolloutBuffer
 from klppo.rl.update import Batch, Learner, make_loss
 
-log = logging.getLogger("klppo.rl.trainer")
+log = logging.getLogger(__name__)
 
 __all__ = ["PolicyUnit", "episode_means", "learning_rate"]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import importlib.metadata
 import json
 import os
 import platform
@@ -264,12 +265,19 @@ def machine() -> dict[str, Any]:
             "gpu": gpu}
 
 
+def _klppo_version() -> str | None:
+    """The installed klppo's version, from its package metadata (runs/ imports nothing above
+    it, so not ``klppo.__version__``)."""
+    try:
+        return importlib.metadata.version("klppo")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _provenance() -> dict[str, Any]:
     """This process: klppo version and commit, package versions, command line, machine."""
-    import klppo
-
     return {
-        "klppo_version": klppo.__version__,
+        "klppo_version": _klppo_version(),
         "git_commit": _git_commit(),
         "packages": _versions(("torch", "numpy", "gymnasium", "tyro", "mujoco", "box2d",
                                "transformers")),
