@@ -142,6 +142,20 @@ def test_continuous_actions_train_and_are_clipped_to_the_box(tmp_path):
 
     tr = MultiTrainer(dataclasses.replace(cfg, out=None), tmp_path)
     assert all(isinstance(u.agent.head, DiagGaussianHead) for u in tr.units.values())
+    sent: list[dict[str, np.ndarray]] = []
+    step = tr.env.step
+    tr.env.step = lambda actions: (sent.append({p: a.copy() for p, a in actions.items()}),
+                                   step(actions))[1]
+    tr.start()
+    tr.collector.collect(1)
+    space = tr.spec.action_spaces["agent"]
+    to_env = np.concatenate([s["agent"] for s in sent])
+    in_buffer = tr.collector.slots["agent"].np["actions"].reshape(-1, *space.shape)
+    assert ((to_env >= space.low) & (to_env <= space.high)).all()  # the env gets the box
+    outside = (in_buffer < space.low) | (in_buffer > space.high)
+    assert outside.any()  # the buffer keeps the sampled (unclipped) actions for the gradient
+    assert np.array_equal(np.clip(in_buffer, space.low, space.high), to_env.reshape(
+        in_buffer.shape))
 
 
 def test_default_mapping_is_one_policy_per_agent(tmp_path):
