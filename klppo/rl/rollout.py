@@ -15,7 +15,24 @@ from klppo.nn.distributions import DiagGaussianHead
 from klppo.nn.runners import make_runner
 from klppo.rl.envs import ObsNormalizer, RewardScaler
 
-__all__ = ["NonFiniteEnvError", "RolloutBuffer", "Collector", "EpisodeStats"]
+__all__ = ["NonFiniteEnvError", "RolloutBuffer", "Collector", "EpisodeStats", "bootstrap"]
+
+
+def bootstrap(b: dict[str, np.ndarray], runner: Any, next_obs: np.ndarray,
+              trunc_final: list[tuple[int, int, np.ndarray]], obs_norm: Any) -> None:
+    """Fill ``b["next_values"]`` ([T, N]): V(s_{t+1}) inside the rollout, V(next obs) after
+    it, and V(final observation) at the steps ``(t, i, final_obs)`` where an episode was
+    truncated (normalised as the policy saw its other observations). Single- and multi-agent
+    collection share it."""
+    b["next_values"][:-1] = b["values"][1:]
+    b["next_values"][-1] = runner.value(next_obs)
+    if trunc_final:
+        finals = np.stack([f for _, _, f in trunc_final])
+        if obs_norm is not None:
+            finals = obs_norm.normalize(finals)
+        v = runner.value(finals)
+        for k, (t, i, _) in enumerate(trunc_final):
+            b["next_values"][t, i] = v[k]
 
 
 class NonFiniteEnvError(RuntimeError):
@@ -159,17 +176,7 @@ class Collector:
             b["terminated"][t] = term
             b["truncated"][t] = trunc & ~term
             self.next_obs = self._prep_obs(obs, update=True)
-        # bootstrap values: V(s_{t+1}) inside the rollout, V(next obs) after it, V(final obs)
-        # where an episode was truncated
-        b["next_values"][:-1] = b["values"][1:]
-        b["next_values"][-1] = self.runner.value(self.next_obs)
-        if trunc_final:
-            finals = np.stack([f for _, _, f in trunc_final])
-            if self.obs_norm is not None:
-                finals = self.obs_norm.normalize(finals)
-            v = self.runner.value(finals)
-            for k, (t, i, _) in enumerate(trunc_final):
-                b["next_values"][t, i] = v[k]
+        bootstrap(b, self.runner, self.next_obs, trunc_final, self.obs_norm)
         return stats
 
     def state_dict(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import numpy as np
 from klppo.nn.distributions import DiagGaussianHead
 from klppo.nn.runners import make_runner
 from klppo.rl.marl.env import ParallelVecEnv, StepOut
-from klppo.rl.rollout import EpisodeStats, NonFiniteEnvError, RolloutBuffer
+from klppo.rl.rollout import EpisodeStats, NonFiniteEnvError, RolloutBuffer, bootstrap
 from klppo.rl.unit import PolicyUnit
 
 __all__ = ["Slot", "MultiCollector"]
@@ -74,16 +74,7 @@ class Slot:
     def bootstrap(self) -> None:
         """``next_values``: V(s_{t+1}) in the rollout, V(next obs) after it, V(final obs)
         where an episode was truncated."""
-        b = self.np
-        b["next_values"][:-1] = b["values"][1:]
-        b["next_values"][-1] = self.runner.value(self.next_obs)
-        if self.trunc_final:
-            finals = np.stack([f for _, _, f in self.trunc_final])
-            if self.unit.obs_norm is not None:
-                finals = self.unit.obs_norm.normalize(finals)
-            v = self.runner.value(finals)
-            for k, (t, i, _) in enumerate(self.trunc_final):
-                b["next_values"][t, i] = v[k]
+        bootstrap(self.np, self.runner, self.next_obs, self.trunc_final, self.unit.obs_norm)
         self.trunc_final = []
 
     def state_dict(self) -> dict[str, Any]:
