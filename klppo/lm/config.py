@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from klppo.core.controllers import ControllerName
 from klppo.runs.configfile import field_hints, overlay
 from klppo.runs.device import resolve_device
 from klppo.runs.errors import ConfigError
+from klppo.runs.ranges import above, at_least, below, check_ranges, within
 from klppo.runs.typecheck import TypeCheckError, check_value
 
 KLEstimatorLM = Literal["k1", "k3", "full", "k3_flipped", "tutorial"]
@@ -27,17 +28,17 @@ class RLHFConfig:
     """Hugging Face model directory: the initial policy and the frozen reference"""
     out: str | None = None
     """run directory to create (default runs/rlhf/{controller}__beta{beta}__{seed}__{time})"""
-    seed: int = 0
+    seed: int = field(default=0, metadata=below(2**32, text="must be an integer in [0, 2**32)"))
     """seed of prompt choice, sampling and minibatch order"""
-    iterations: int = 150
+    iterations: int = field(default=150, metadata=at_least(1))
     """PPO iterations (the budget; never wall-clock)"""
-    batch_size: int = 32
+    batch_size: int = field(default=32, metadata=at_least(1))
     """episodes (prompt + sampled response) per iteration"""
-    prompt_len: int = 16
+    prompt_len: int = field(default=16, metadata=at_least(1))
     """prompt tokens: a window of the training text"""
-    response_len: int = 24
+    response_len: int = field(default=24, metadata=at_least(1))
     """sampled response tokens"""
-    temperature: float = 1.0
+    temperature: float = field(default=1.0, metadata=above(0))
     """sampling temperature"""
     stop_at_eos: bool = False
     """treat tokens after an end-of-text token as padding"""
@@ -55,45 +56,45 @@ class RLHFConfig:
     mean over every position, padding included)"""
     controller: ControllerName = "proportional"
     """fixed, step, proportional, exponential or pid"""
-    beta: float = 0.1
+    beta: float = field(default=0.1, metadata=at_least(0, integer=False))
     """initial KL coefficient"""
-    target: float | None = 6.0
+    target: float | None = field(default=6.0, metadata=above(0))
     """target KL in kl_unit (Ziegler et al.: 6 nats per sequence); null with the proportional
     controller: a fixed beta (trlx's semantics)"""
-    horizon: float | None = None
+    horizon: float | None = field(default=None, metadata=above(0))
     """proportional horizon in episodes (None: iterations * batch_size / 30)"""
-    beta_min: float = 0.0
+    beta_min: float = field(default=0.0, metadata=at_least(0, integer=False))
     """lower bound on beta"""
     beta_max: float = 100.0
     """upper bound on beta"""
-    ppo_epochs: int = 4
+    ppo_epochs: int = field(default=4, metadata=at_least(1))
     """PPO epochs per iteration"""
-    minibatch_size: int = 8
+    minibatch_size: int = field(default=8, metadata=at_least(1))
     """sequences per minibatch"""
-    lr: float = 1e-4
+    lr: float = field(default=1e-4, metadata=above(0))
     """Adam learning rate of the policy and value head"""
-    eps: float = 0.2
+    eps: float = field(default=0.2, metadata=above(0))
     """PPO clip radius"""
-    value_clip: float = 0.2
+    value_clip: float = field(default=0.2, metadata=above(0))
     """value clipping radius"""
-    vf_coef: float = 0.1
+    vf_coef: float = field(default=0.1, metadata=at_least(0, integer=False))
     """value loss weight"""
-    gamma: float = 1.0
+    gamma: float = field(default=1.0, metadata=within(0, 1))
     """discount over response tokens"""
-    lam: float = 0.95
+    lam: float = field(default=0.95, metadata=within(0, 1))
     """GAE lambda"""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = field(default=1.0, metadata=above(0))
     """global gradient-norm clip"""
-    eval_every: int = 10
+    eval_every: int = field(default=10, metadata=at_least(1))
     """iterations between held-out perplexity evaluations (and sample texts)"""
-    eval_windows: int = 64
+    eval_windows: int = field(default=64, metadata=at_least(1))
     """held-out windows for perplexity (evenly spaced, the same ones every evaluation)"""
-    eval_seq_len: int = 64
+    eval_seq_len: int = field(default=64, metadata=at_least(1))
     """tokens per held-out window (the pretraining context: longer windows reach positions the
     model never trained on)"""
-    checkpoint_every: int = 25
+    checkpoint_every: int = field(default=25, metadata=at_least(1))
     """iterations between checkpoints"""
-    torch_threads: int = 1
+    torch_threads: int = field(default=1, metadata=at_least(1))
     """torch threads (1 per arm; arms run as parallel processes)"""
     monitor_high: float = 2.0
     """KL monitor: warn (log + kl_alarm_high) when the KL stays above this many times the target"""
@@ -120,13 +121,6 @@ def _bad(field: str, value: Any, why: str) -> ConfigError:
     return ConfigError(f"{field}={value!r}: {why}")
 
 
-_POSITIVE_INTS = ("iterations", "batch_size", "prompt_len", "response_len", "ppo_epochs",
-                  "minibatch_size", "eval_every", "eval_windows", "eval_seq_len",
-                  "checkpoint_every", "torch_threads")
-_POSITIVE_FLOATS = ("temperature", "lr", "eps", "value_clip", "max_grad_norm")
-_UNIT_FLOATS = ("gamma", "lam")
-
-
 def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     """Check every field's type and range once, early; :class:`ConfigError` names the first
     bad field and its value."""
@@ -135,36 +129,19 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
             check_value(name, getattr(c, name), ann)
         except TypeCheckError as e:
             raise ConfigError(str(e)) from None
-    for f in _POSITIVE_INTS:
-        if getattr(c, f) < 1:
-            raise _bad(f, getattr(c, f), "must be an integer >= 1")
-    if not 0 <= c.seed < 2**32:
-        raise _bad("seed", c.seed, "must be an integer in [0, 2**32)")
+    check_ranges(c)  # the ranges in the fields' metadata
     if c.batch_size % c.minibatch_size:
         raise _bad("minibatch_size", c.minibatch_size, f"must divide batch_size={c.batch_size}")
-    for f in _POSITIVE_FLOATS:
-        if not (math.isfinite(getattr(c, f)) and getattr(c, f) > 0):
-            raise _bad(f, getattr(c, f), "must be finite and > 0")
-    for f in ("beta", "beta_min", "vf_coef"):
-        if not (math.isfinite(getattr(c, f)) and getattr(c, f) >= 0):
-            raise _bad(f, getattr(c, f), "must be finite and >= 0")
-    for f in _UNIT_FLOATS:
-        if not 0 <= getattr(c, f) <= 1:
-            raise _bad(f, getattr(c, f), "must be in [0, 1]")
     if not c.beta_max > c.beta_min or math.isnan(c.beta_max):
         raise _bad("beta_max", c.beta_max, f"must be > beta_min={c.beta_min}")
     if not c.beta_min <= c.beta <= c.beta_max:
         raise _bad("beta", c.beta, f"must be in [beta_min, beta_max] = [{c.beta_min}, "
                                    f"{c.beta_max}]")
-    if c.target is not None and not (math.isfinite(c.target) and c.target > 0):
-        raise _bad("target", c.target, "must be finite and > 0 (or null)")
     if c.target is None and c.controller != "proportional" and c.controller != "fixed":
         raise _bad("target", None, f"controller {c.controller!r} needs a target")
     if not (c.monitor_high > 1 and 0 < c.monitor_low < 1 and c.monitor_patience >= 1):
         raise _bad("monitor_high/low/patience", (c.monitor_high, c.monitor_low,
                    c.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
-    if c.horizon is not None and not (math.isfinite(c.horizon) and c.horizon > 0):
-        raise _bad("horizon", c.horizon, "must be finite and > 0 (or null)")
     _check_reward(c.reward)
     _check_device(c.device)
     return c

@@ -7,7 +7,6 @@ are properties, never written back into the config.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +18,7 @@ from klppo.core.values import ValueLossKind
 from klppo.rl import bounds
 from klppo.runs.configfile import overlay
 from klppo.runs.errors import ConfigError
+from klppo.runs.ranges import above, at_least, below, check_ranges, within
 from klppo.runs.typecheck import short_repr
 
 Cadence = Literal["minibatch", "epoch", "iteration"]
@@ -30,9 +30,9 @@ EarlyStop = Literal["none", "minibatch", "epoch"]
 class RolloutConfig:
     """Environment vectorisation and normalisation."""
 
-    num_envs: int = 4
+    num_envs: int = field(default=4, metadata=at_least(1))
     """parallel environments (how they are stepped: vectorization)"""
-    num_steps: int = 128
+    num_steps: int = field(default=128, metadata=at_least(1))
     """steps per environment per rollout"""
     vectorization: Literal["auto", "sync", "async"] = "auto"
     """auto: gymnasium.make_vec for CartPole, klppo's sync loop for others; async: a process each"""
@@ -40,9 +40,9 @@ class RolloutConfig:
     """running mean/std observation normalisation (statistics are checkpointed)"""
     norm_reward: bool = False
     """scale rewards by the running std of the discounted return"""
-    clip_obs: float = 10.0
+    clip_obs: float = field(default=10.0, metadata=above(0))
     """clip normalised observations to +-clip_obs"""
-    clip_reward: float = 10.0
+    clip_reward: float = field(default=10.0, metadata=above(0))
     """clip normalised rewards to +-clip_reward"""
 
 
@@ -50,47 +50,47 @@ class RolloutConfig:
 class PPOConfig:
     """The PPO update: objective knobs, optimiser, epochs."""
 
-    eps: float = 0.2
+    eps: float = field(default=0.2, metadata=above(0))
     """clip radius (typical 0.1-0.3); also the band of the per-sample template"""
-    eps_low: float | None = None
+    eps_low: float | None = field(default=None, metadata=above(0))
     """lower band radius for asymmetric clipping (None: eps)"""
-    eps_high: float | None = None
+    eps_high: float | None = field(default=None, metadata=above(0))
     """upper band radius for asymmetric clipping (None: eps; DAPO uses 0.28)"""
-    dual_clip: float | None = None
+    dual_clip: float | None = field(default=None, metadata=above(1))
     """dual-clip constant c > 1 for negative advantages (None: off; 3 is usual)"""
     shape: Shape = "clip"
     """beta_t shape of per_sample_kl (klppo.core.surrogates.SHAPES)"""
-    softness: float | None = None
+    softness: float | None = field(default=None, metadata=above(0))
     """softness s of the soft shapes (typical 0.02-0.2)"""
     kl_estimator: KLEstimatorChoice = "analytic"
     """KL of kl_penalty / clip_kl: analytic, k1, k2, k3, abs; k3_flipped, tutorial (not the KL)"""
-    gamma: float = 0.99
+    gamma: float = field(default=0.99, metadata=within(0, 1))
     """discount factor"""
-    gae_lambda: float = 0.95
+    gae_lambda: float = field(default=0.95, metadata=within(0, 1))
     """GAE lambda"""
-    update_epochs: int = 10
+    update_epochs: int = field(default=10, metadata=at_least(1))
     """passes over the rollout per iteration"""
-    minibatch_size: int = 64
+    minibatch_size: int = field(default=64, metadata=at_least(1))
     """samples per minibatch (a power of two makes clip and per_sample_kl bit-identical)"""
-    lr: float = 3e-4
+    lr: float = field(default=3e-4, metadata=above(0))
     """Adam learning rate"""
-    adam_eps: float = 1e-5
+    adam_eps: float = field(default=1e-5, metadata=above(0))
     """Adam epsilon"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0, once per iteration"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = field(default=0.5, metadata=above(0))
     """global gradient-norm clip"""
-    vf_coef: float = 0.5
+    vf_coef: float = field(default=0.5, metadata=at_least(0, integer=False))
     """critic loss weight"""
-    value_clip: float | None = 0.2
+    value_clip: float | None = field(default=0.2, metadata=above(0))
     """PPO value clipping radius (None: off)"""
     value_loss: ValueLossKind = "l2"
     """critic loss: l2 (0.5 (V-R)^2), l1, smooth_l1"""
-    ent_coef: float = 0.0
+    ent_coef: float = field(default=0.0, metadata=at_least(0, integer=False))
     """entropy bonus weight"""
     norm_adv: NormScope = "rollout"
     """advantage normalisation: once per rollout, per minibatch, or none"""
-    target_kl: float | None = None
+    target_kl: float | None = field(default=None, metadata=above(0))
     """early-stop threshold on the k3 KL(old || new), nats per sample (None: off)"""
     early_stop: EarlyStop = "none"
     """minibatch: skip the step if k3 > 1.5 target_kl (SB3); epoch: stop after it (CleanRL)"""
@@ -183,17 +183,17 @@ class TrainConfig:
     pettingzoo:MODULE for a multi-agent PettingZoo parallel env (MODULE.parallel_env)"""
     objective: ObjectiveName = "clip"
     """clip, per_sample_kl, kl_penalty, unclipped, clip_kl (klppo.core.objectives.OBJECTIVES)"""
-    seed: int = 0
+    seed: int = field(default=0, metadata=below(2**32, text="must be an integer in [0, 2**32)"))
     """seed of the networks, the environments, action sampling and minibatch order"""
-    total_steps: int = 100_000
+    total_steps: int = field(default=100_000, metadata=at_least(1))
     """environment steps in total (over all parallel environments)"""
     out: str | None = None
     """run directory to create (default: {runs_root}/{env}__{objective}__{seed}__{time})"""
     runs_root: str = "runs"
     """parent directory of default run directories"""
-    checkpoint_every: int = 10
+    checkpoint_every: int = field(default=10, metadata=at_least(1))
     """iterations between checkpoints (one is always written at the end)"""
-    torch_threads: int = 1
+    torch_threads: int = field(default=1, metadata=at_least(1))
     """torch intra-op threads (1 is fastest for small networks)"""
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     """where the torch path runs (auto: cuda when available); the numpy fast path is CPU-only,
@@ -232,18 +232,7 @@ def _bad(field_name: str, value: Any, why: str) -> ConfigError:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check every field once, early; raise :class:`ConfigError` naming the field and value."""
-    r, p = cfg.rollout, cfg.ppo
-    positive_ints = {
-        "total_steps": cfg.total_steps, "checkpoint_every": cfg.checkpoint_every,
-        "torch_threads": cfg.torch_threads, "rollout.num_envs": r.num_envs,
-        "rollout.num_steps": r.num_steps, "ppo.update_epochs": p.update_epochs,
-        "ppo.minibatch_size": p.minibatch_size,
-    }
-    for name, v in positive_ints.items():
-        if not isinstance(v, int) or v < 1:
-            raise _bad(name, v, "must be an integer >= 1")
-    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or not 0 <= cfg.seed < 2**32:
-        raise _bad("seed", cfg.seed, "must be an integer in [0, 2**32)")
+    check_ranges(cfg)  # the ranges in the fields' metadata
     bounds.check(cfg)
     _validate_choices(cfg)
     _validate_numbers(cfg)
@@ -268,28 +257,10 @@ def _validate_choices(cfg: TrainConfig) -> None:
 
 
 def _validate_numbers(cfg: TrainConfig) -> None:
-    r, p = cfg.rollout, cfg.ppo
-    for name, v in (("ppo.eps", p.eps), ("ppo.lr", p.lr), ("ppo.adam_eps", p.adam_eps),
-                    ("ppo.max_grad_norm", p.max_grad_norm), ("rollout.clip_obs", r.clip_obs),
-                    ("rollout.clip_reward", r.clip_reward)):
-        if not (math.isfinite(v) and v > 0):
-            raise _bad(name, v, "must be finite and > 0")
-    for name, v in (("ppo.eps_low", p.eps_low), ("ppo.eps_high", p.eps_high),
-                    ("ppo.softness", p.softness), ("ppo.value_clip", p.value_clip),
-                    ("ppo.target_kl", p.target_kl)):
-        if v is not None and not (math.isfinite(v) and v > 0):
-            raise _bad(name, v, "must be finite and > 0 (or unset)")
-    if p.dual_clip is not None and not p.dual_clip > 1:
-        raise _bad("ppo.dual_clip", p.dual_clip, "must be > 1")
-    for name, v in (("ppo.gamma", p.gamma), ("ppo.gae_lambda", p.gae_lambda)):
-        if not 0 <= v <= 1:
-            raise _bad(name, v, "must be in [0, 1]")
-    for name, v in (("ppo.vf_coef", p.vf_coef), ("ppo.ent_coef", p.ent_coef)):
-        if not (math.isfinite(v) and v >= 0):
-            raise _bad(name, v, "must be finite and >= 0")
+    """What a field's own range cannot say: relations between fields."""
+    p = cfg.ppo
     if p.early_stop != "none" and p.target_kl is None:
         raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
-
 
 def _validate_kl(cfg: TrainConfig) -> None:
     k = cfg.kl
