@@ -147,10 +147,12 @@ def _summary(res, out: str) -> int:
 def run_and_summarise(spec, out: str, backend: str, workers: int | None,
                       max_runs: int | None = None) -> int:
     """Run the sweep ``spec`` into ``out`` with a line per run; :func:`_summary`'s exit code."""
-    from klppo.experiments.sweep import MAX_RUNS, expand, run_sweep
+    from klppo.experiments.sweep import MAX_RUNS, check_envs, expand, run_sweep
 
     limit = max_runs or MAX_RUNS
-    n = len(expand(spec, limit))
+    plans = expand(spec, limit)
+    check_envs(plans)  # before the first line: a refused sweep prints only its reason
+    n = len(plans)
     print(f"sweep: {n} runs into {out} (backend {backend})", flush=True)
     res = run_sweep(spec, out, backend=backend, workers=workers, on_done=_progress(n),
                     max_runs=limit)

@@ -37,6 +37,7 @@ from klppo.experiments.sweep_spec import (
     MAX_RUNS,
     RunPlan,
     SweepSpec,
+    check_envs,
     expand,
     load_spec,
 )
@@ -48,7 +49,7 @@ from klppo.runs.typecheck import short_repr
 log = logging.getLogger(__name__)
 
 __all__ = ["SweepSpec", "RunEntry", "SweepResult", "SweepStop", "expand", "load_spec",
-           "run_sweep", "run_one", "DEMO_SPEC", "MAX_RUNS"]
+           "check_envs", "run_sweep", "run_one", "DEMO_SPEC", "MAX_RUNS"]
 
 Backend = Literal["local", "ray"]
 
@@ -176,6 +177,7 @@ def run_sweep(
     """
     sweep_dir, stop = Path(sweep_dir), stop or SweepStop()
     planned = expand(spec, max_runs)
+    check_envs(planned)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
         raise C.ConfigError(f"workers={workers!r}: must be an integer >= 1")

@@ -230,7 +230,6 @@ def expand(spec: SweepSpec, max_runs: int = MAX_RUNS) -> list[RunPlan]:
                                base_cfg, check=True)
                 name = _safe(f"{cfg.env}__{label}__{seed}")
                 out.append(RunPlan(name, label, seed, overrides, cfg))
-    _check_envs(out)
     names = [r.name for r in out]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -239,9 +238,10 @@ def expand(spec: SweepSpec, max_runs: int = MAX_RUNS) -> list[RunPlan]:
     return out
 
 
-def _check_envs(plans: list[RunPlan]) -> None:
+def check_envs(plans: list[RunPlan]) -> None:
     """Every environment of the sweep can be trained (its extra installed, spaces klppo
-    handles), checked once per env before any directory is made."""
+    handles), checked once per env; a sweep calls it before it makes any directory (planning
+    with :func:`expand` alone needs no environment installed)."""
     from klppo.rl.envs import check_env
     from klppo.rl.marl.spec import check_multiagent, is_multiagent
 
