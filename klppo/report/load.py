@@ -241,7 +241,12 @@ def _sweep_targets(p: Path, skipped: list[tuple[str, str]]) -> list[tuple[Path, 
         raise _Skip("index.json holds no list of runs")
     targets = []
     for e in runs:
-        if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"]:
+        name = e.get("name") if isinstance(e, dict) else None
+        if isinstance(name, str) and name and ("/" in name or "\\" in name or name in (".", "..")
+                                               or "\0" in name):
+            skipped.append((str(p / "index.json"), f"entry {name!r} is not a run name (a path "
+                            f"outside SWEEP/runs/ is never read)"))
+        elif isinstance(name, str) and name:
             cond = e.get("condition")
             targets.append((p / "runs" / e["name"], None if cond is None else str(cond)))
         else:

@@ -124,8 +124,10 @@ def _check_metadata(run_dir: Path) -> None:
                           f"(the run's provenance is then lost)") from None
     if not isinstance(meta, dict):
         raise ResumeError(f"{path}: holds {type(meta).__name__} {short_repr(meta)}, not a mapping")
-    if not isinstance(meta.get("resumes", []), list):
-        raise ResumeError(f"{path}: resumes={short_repr(meta['resumes'])}, not a list")
+    resumes = meta.get("resumes", [])
+    if not isinstance(resumes, list) or not all(isinstance(r, dict) for r in resumes):
+        raise ResumeError(f"{path}: resumes={short_repr(resumes)}, not a list of resume "
+                          f"records")
     if meta.get("kind", "train") != "train":
         raise ResumeError(f"{path}: kind={short_repr(meta['kind'])}: not a training run "
                           f"(klppo train --resume continues runs of klppo train)")

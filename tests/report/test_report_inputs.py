@@ -170,6 +170,17 @@ def test_index_entries_that_name_no_run_are_skipped(tmp_path):
     assert [why for _, why in loaded.skipped] == ["entry 7 names no run", "entry {} names no run"]
 
 
+def test_an_index_entry_that_leaves_the_sweep_is_never_read(tmp_path):
+    fake_run(tmp_path / "runs", "outside", "Env-v0", "clip", 0, [1.0] * 5)
+    sweep = tmp_path / "sweep"
+    fake_run(sweep / "runs", "a", "Env-v0", "clip", 0, [1.0] * 5)
+    write(sweep / "index.json", json.dumps({"runs": [{"name": "a"},
+                                                     {"name": "../../runs/outside"}]}))
+    loaded = load_runs([sweep])
+    assert len(loaded.runs) == 1
+    assert "is not a run name" in loaded.skipped[0][1]
+
+
 @pytest.mark.parametrize("what", ["missing", "file-as-out"])
 def test_a_missing_path_or_a_file_as_out_is_one_line_and_creates_nothing(tmp_path, capsys, what):
     fake_run(tmp_path, "good", "Env-v0", "clip", 0, [1.0] * 5)

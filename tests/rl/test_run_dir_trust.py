@@ -216,6 +216,8 @@ REFUSED = {
     "metadata_resumes_int": (_write("metadata.json", '{"resumes": 5}'), "resumes=5"),
     "metadata_not_json": (_write("metadata.json", "{"), "metadata.json: unreadable"),
     "metadata_of_rlhf": (_write("metadata.json", '{"kind": "rlhf"}'), "kind='rlhf'"),
+    "metadata_resumes_not_records": (_write("metadata.json", '{"resumes": [1, 2]}'),
+                                     "resumes=[1, 2]"),
     "metrics_iteration_null": (_metrics_line(1, None), "iteration=None"),
     "metrics_iteration_string": (_metrics_line(1, "abc"), "iteration='abc'"),
     "metrics_iteration_float": (_metrics_line(1, 1.0), "iteration=1.0"),
