@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import unicodedata
 from typing import Any, NoReturn, TypeVar
 
 from klppo.cli.errors import BAD_INPUT, FlagError, say_error
@@ -95,6 +96,7 @@ def parse_config_flags(cls: type[T], args: list[str], prog: str, default: T | No
     when they do not parse. ``--help`` prints tyro's help and exits 0 as usual."""
     import tyro
 
+    _refuse_unicode_numbers(args)
     kw: dict[str, Any] = {"args": args, "prog": prog, "default": default,
                           "description": description}
     if any(a in ("-h", "--help") for a in args):
@@ -105,6 +107,23 @@ def parse_config_flags(cls: type[T], args: list[str], prog: str, default: T | No
             return tyro.cli(cls, **kw)
     except SystemExit:
         raise FlagError(_tyro_error(err.getvalue())) from None
+
+
+def _refuse_unicode_numbers(args: list[str]) -> None:
+    """Python reads '１０２４' or '٠.٠٠٣' as numbers; a config file's YAML does not. A value
+    that is a number only once its non-ASCII digits are folded is refused (a path or a name
+    with such characters is not a number and passes)."""
+    for i, text in enumerate(args):
+        if text.isascii() or text.startswith("--"):
+            continue
+        folded = unicodedata.normalize("NFKC", text)
+        try:
+            float("".join(str(unicodedata.digit(c, c)) if not c.isascii() else c
+                          for c in folded))
+        except (ValueError, TypeError):
+            continue
+        flag = args[i - 1] if i and args[i - 1].startswith("--") else "a flag"
+        raise FlagError(f"{flag}={text!r}: a number must be written with ASCII digits")
 
 
 def yaml_value(text: str, what: str) -> Any:

@@ -130,6 +130,7 @@ class Objective:
     uses_beta: ClassVar[bool] = False
     penalised: ClassVar[bool] = False  # subtracts beta * KL (so its kl_estimator matters)
     shaped: ClassVar[bool] = False  # its beta_t follows ``shape`` (so the shape matters)
+    clipped: ClassVar[bool] = True  # it reads the band (eps, eps_low/high, dual_clip)
 
     def __init__(self, band: Band = Band(), shape: ShapeSpec = ShapeSpec(),
                  kl_estimator: str = "analytic") -> None:
@@ -253,6 +254,7 @@ class KLPenalty(Objective):
 
     name = "kl_penalty"
     uses_beta = penalised = True
+    clipped = False
 
     def term(self, ratio, logp_new, logp_old, advantage, kl, beta, want_beta=True):
         k = self._penalty_kl(logp_new, logp_old, kl)
@@ -266,6 +268,7 @@ class Unclipped(Objective):
     """Plain importance sampling ``w A`` (no trust region)."""
 
     name = "unclipped"
+    clipped = False
 
     def term(self, ratio, logp_new, logp_old, advantage, kl, beta, want_beta=True):
         return PolicyTerm(unclipped_objective(ratio, advantage), None, None)

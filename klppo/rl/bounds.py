@@ -111,6 +111,15 @@ def _check_applies(cfg: Any) -> None:
             if value != default:
                 raise _bad(name, value, f"only per_sample_kl follows a beta_t shape; "
                            f"objective={cfg.objective!r} would ignore it")
+    if not objective.clipped:
+        for name, value in (("ppo.dual_clip", p.dual_clip), ("ppo.eps_low", p.eps_low),
+                            ("ppo.eps_high", p.eps_high)):
+            if value is not None:
+                raise _bad(name, value, f"objective={cfg.objective!r} has no clip band, so it "
+                           f"would ignore it")
+    if p.target_kl is not None and p.early_stop == "none":
+        raise _bad("ppo.target_kl", p.target_kl, "only the KL early stop reads it: set "
+                   "ppo.early_stop minibatch or epoch (a controller's target is kl.target)")
     if not objective.uses_beta and cfg.kl.controller != "fixed":
         raise _bad("kl.controller", cfg.kl.controller, f"objective={cfg.objective!r} uses no "
                    f"beta, so no controller would act (a beta objective: kl_penalty, "

@@ -169,6 +169,10 @@ def load_weights(agent: nn.Module, saved: Any, where: str) -> None:
             what = list(got) if got is not None else type(saved[k]).__name__
             raise ckpt.CheckpointError(f"{where}: {k} is {what} in the checkpoint, "
                                        f"{list(v.shape)} in the network")
+        if k in saved and getattr(saved[k], "dtype", v.dtype) != v.dtype:
+            raise ckpt.CheckpointError(f"{where}: {k} is {saved[k].dtype} in the checkpoint, "
+                                       f"{v.dtype} in the network (klppo writes what it "
+                                       f"trains)")
     missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
     if missing or extra:
         raise ckpt.CheckpointError(f"{where}: parameters missing {missing[:3]}, unexpected "

@@ -119,6 +119,8 @@ def _edit_state(**changes):
         for key, value in changes.items():
             if value is KeyError:
                 del state[key]
+            elif value is None and key == "agent":  # the same weights, stored as float64
+                state[key] = {k: v.double() for k, v in state[key].items()}
             else:
                 state[key] = value
         torch.save(state, run / "checkpoint.pt")
@@ -235,6 +237,7 @@ REFUSED = {
     "metrics_junk_line": (_insert_line(1, "[1]"), "line 2 is not a metrics record"),
     "metrics_global_step_edited": (_metrics_field(1, global_step=999), "global_step=999"),
     "lock_is_a_link": (_lock_link, "not a plain file"),
+    "weights_float64": (_edit_state(agent=None), "is torch.float64 in the checkpoint"),
 }
 
 
