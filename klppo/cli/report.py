@@ -28,8 +28,8 @@ def add_parser(sub) -> None:
 
 def check_report_args(paths: list[str], out: str, smooth: int = 1) -> None:
     """FlagError naming the flag (or the path) that cannot be read or written."""
-    if smooth < 1:
-        raise FlagError(f"--smooth={smooth}: must be an integer >= 1 (iterations)")
+    if not 1 <= smooth <= 100_000:
+        raise FlagError(f"--smooth={smooth}: must be an integer in [1, 100,000] (iterations)")
     for p in paths:
         if not Path(p).exists():
             raise FlagError(f"{p}: does not exist")

@@ -172,6 +172,8 @@ def parse_controller(spec: str, target: float | None = None) -> tuple[str, KLCon
         k, sep, v = item.partition("=")
         if not sep or not k:
             raise ValueError(f"controller={spec!r}: expected key=value, got {item!r}")
+        if k in options:
+            raise ValueError(f"controller={spec!r}: {k} is given twice; give each option once")
         try:
             options[k] = float(v)
         except ValueError:

@@ -42,6 +42,8 @@ CASES = {
     "target_zero": (CL + ["--target", "0"], None, ["--target=0.0", "> 0"]),
     "target_negative": (CL + ["--target", "-0.02"], None, ["--target=-0.02"]),
     "target_nan": (CL + ["--target", "nan"], None, ["--target=nan"]),
+    "controller_option_twice": (CL + ["--controller", "fixed:beta=1,beta=2"], None,
+                                ["controller='fixed:beta=1,beta=2'", "beta is given twice"]),
     # the plant's flags: bounded so that its KL stays a float; only with --closed-loop
     "drift_huge": (CL + ["--drift", "1e308"], None, ["--drift=1e+308", "within +-100"]),
     "drift_huge_negative": (CL + ["--drift=-1e308"], None, ["--drift=-1e+308"]),

@@ -112,5 +112,9 @@ def test_report_smooth_flag(tmp_path, capsys):
                  "--smooth", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--smooth=0" in err and not (tmp_path / "p").exists()
+    assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "p"),
+                 "--smooth", str(10**12)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "in [1, 100,000]" in err and not (tmp_path / "p").exists()
     with pytest.raises(ValueError, match="smooth=0"):
         make_report([tmp_path / "r"], tmp_path / "q", smooth=0)
