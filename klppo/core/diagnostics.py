@@ -27,6 +27,7 @@ def policy_diagnostics(
     eps_low: Band | None = None,
     eps_high: Band | None = None,
     beta_t: torch.Tensor | None = None,
+    ratio: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-minibatch diagnostics of the policy term (all detached, 0-d tensors).
 
@@ -34,12 +35,13 @@ def policy_diagnostics(
     ``ratio_mean``, ``ratio_min``, ``ratio_max``, ``clip_fraction`` (share with
     ``|w - 1| > eps``), ``frac_in``, ``frac_pass``, ``frac_kill`` (the KLip-PPO partition), and
     when ``beta_t`` is given ``beta_t_abs_mean``, ``beta_t_kill_mean`` (mean beta_t on kill
-    samples, 0 when there are none) and the |beta_t| quantiles of :data:`QUANTILES`.
+    samples, 0 when there are none) and the |beta_t| quantiles of :data:`QUANTILES`. ``ratio``
+    is the ratio the objective used (default ``exp(logp_new - logp_old)``), so the statistics
+    describe the numbers the gradient saw.
     """
     logp_new = logp_new.detach()
     logp_old = logp_old.detach()
-    log_w = logp_new - logp_old
-    w = log_w.exp()
+    w = (logp_new - logp_old).exp() if ratio is None else ratio.detach()
     in_, pass_, kill = partition(w, advantage, eps, eps_low, eps_high)
     lo = eps if eps_low is None else eps_low
     hi = eps if eps_high is None else eps_high

@@ -31,7 +31,15 @@ from klppo.core.values import ValueLossKind, explained_variance, value_loss
 ObjectiveName = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl"]
 KLEstimatorChoice = Literal["analytic", "k1", "k2", "k3", "abs", "k3_flipped", "tutorial"]
 
-__all__ = ["ObjectiveName", "PPOLoss", "PolicyTerm", "OBJECTIVES"]
+__all__ = ["ObjectiveName", "PPOLoss", "PolicyTerm", "OBJECTIVES", "PER_SAMPLE"]
+
+#: The per-sample quantities a loss evaluation computes on the way and a training loop's
+#: diagnostics reuse instead of evaluating the objective again: the ratio ``w``, the advantage
+#: the objective saw (after minibatch normalisation, if on), ``beta_t`` (where the objective
+#: has one), the critic's loss and its value-clip indicator. ``PPOLoss``
+#: returns them as ``per_sample/<name>`` with ``per_sample=True``; the numpy fast path's
+#: :func:`klppo.nn.numpy.closed_form.loss_grads` returns the same names.
+PER_SAMPLE: tuple[str, ...] = ("ratio", "advantage", "beta_t", "value_loss", "value_clipped")
 
 
 class PPOLoss:
@@ -121,6 +129,7 @@ class PPOLoss:
         kl: torch.Tensor | None = None,
         beta: float = 0.0,
         diagnostics: bool = True,
+        per_sample: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Loss terms and diagnostics for one minibatch of ``B`` samples.
 
@@ -135,6 +144,8 @@ class PPOLoss:
             beta: KL coefficient from the controller (``kl_penalty``, ``clip_kl``).
             diagnostics: compute the detached diagnostics (a training loop that computes them
                 once per iteration over all minibatches passes False).
+            per_sample: also return the detached per-sample quantities of :data:`PER_SAMPLE`
+                as ``per_sample/<name>`` (for such a loop's diagnostics).
 
         Returns:
             ``loss`` (to minimise), ``loss_objective``, ``loss_critic``, ``loss_entropy`` and
@@ -150,10 +161,16 @@ class PPOLoss:
         logp_old = logp_old.detach()
         ratio = torch.exp(logp_new - logp_old)
         # clip's beta_t is only a diagnostic: computed when diagnostics are asked for
-        term = self.policy.term(ratio, logp_new, logp_old, adv, kl, beta, want_beta=diagnostics)
+        term = self.policy.term(ratio, logp_new, logp_old, adv, kl, beta,
+                                want_beta=diagnostics or per_sample)
         zero = logp_new.new_zeros(())
         out: dict[str, torch.Tensor] = {"loss_objective": -term.objective.mean()}
         diag: dict[str, torch.Tensor] = {}
+        if per_sample:
+            diag["per_sample/ratio"] = ratio.detach()
+            diag["per_sample/advantage"] = adv
+            if term.beta_t is not None:
+                diag["per_sample/beta_t"] = term.beta_t.detach()
         if diagnostics:
             b = self.policy.band
             diag = policy_diagnostics(logp_new, logp_old, adv, b.eps, b.eps_low, b.eps_high,
@@ -166,6 +183,9 @@ class PPOLoss:
             v_loss, v_clipped = value_loss(values, returns, old_values, self.value_clip,
                                            self.value_loss_kind)
             out["loss_critic"] = self.vf_coef * v_loss.mean()
+            if per_sample:
+                diag["per_sample/value_loss"] = v_loss.detach()
+                diag["per_sample/value_clipped"] = v_clipped
             if diagnostics:
                 diag["value_loss"] = v_loss.detach().mean()
                 diag["value_clip_fraction"] = v_clipped.float().mean()

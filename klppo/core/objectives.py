@@ -101,12 +101,14 @@ class PolicyTerm:
 class ClosedForm:
     """An objective in closed form on numpy arrays (per sample): ``value`` to maximise,
     ``d_logp`` = d value / d logp_new, ``d_kl`` = d value / d analytic KL (None when the
-    analytic KL is not used) and ``penalty`` (the per-sample KL the penalty used, or None)."""
+    analytic KL is not used), ``penalty`` (the per-sample KL the penalty used, or None) and
+    ``beta_t`` (the detached per-sample coefficient, None where the objective has none)."""
 
     value: np.ndarray
     d_logp: np.ndarray
     d_kl: np.ndarray | None
     penalty: np.ndarray | None
+    beta_t: np.ndarray | None = None
 
 
 class NoClosedForm(NotImplementedError):
@@ -228,7 +230,7 @@ class Clip(Objective):
 
     def closed_form(self, w, a, wa, logp, log_w, kl, beta):
         bt = self._shape_beta_np(w, a, wa, _CLIP)
-        return ClosedForm(self._clip_value_np(w, a, wa), wa + bt, None, None)
+        return ClosedForm(self._clip_value_np(w, a, wa), wa + bt, None, None, bt)
 
 
 class PerSampleKL(Objective):
@@ -246,7 +248,7 @@ class PerSampleKL(Objective):
 
     def closed_form(self, w, a, wa, logp, log_w, kl, beta):
         bt = self._shape_beta_np(w, a, wa, self.shape)
-        return ClosedForm(wa + bt * logp, wa + bt, None, None)
+        return ClosedForm(wa + bt * logp, wa + bt, None, None, bt)
 
 
 class KLPenalty(Objective):
@@ -295,7 +297,7 @@ class ClipKL(Objective):
 
     def closed_form(self, w, a, wa, logp, log_w, kl, beta):
         bt = self._shape_beta_np(w, a, wa, _CLIP)
-        form = ClosedForm(self._clip_value_np(w, a, wa), wa + bt, None, None)
+        form = ClosedForm(self._clip_value_np(w, a, wa), wa + bt, None, None, bt)
         return self._penalise_np(form, log_w, kl, beta)
 
 

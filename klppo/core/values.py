@@ -70,22 +70,24 @@ _CLOSED_FORMS: dict[str, tuple[Callable, Callable]] = {
 
 def value_loss_closed_form(values: np.ndarray, returns: np.ndarray,
                            old_values: np.ndarray | None, clip: float | None,
-                           kind: ValueLossKind) -> tuple[np.ndarray, np.ndarray]:
+                           kind: ValueLossKind
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`value_loss` and its derivative d loss / d V, per sample, on float32 numpy arrays
-    (for the numpy fast path). At a tie of the clipped and unclipped branches the derivative is
-    their mean, as autograd's ``max`` gives it."""
+    (for the numpy fast path): ``(loss, d loss / d V, clipped)``, ``clipped`` as in
+    :func:`value_loss`. At a tie of the clipped and unclipped branches the derivative is their
+    mean, as autograd's ``max`` gives it."""
     elem, grad = _CLOSED_FORMS[kind]
     diff = values - returns
     l_un, g_un = elem(diff), grad(diff)
     if clip is None:
-        return l_un, g_un
+        return l_un, g_un, np.zeros(l_un.shape, bool)
     c = np.float32(clip)
     dv = values - old_values
     v_clip = old_values + np.minimum(np.maximum(dv, -c), c)
     l_cl = elem(v_clip - returns)
     g_cl = grad(v_clip - returns) * ((dv >= -c) & (dv <= c))
     g = np.where(l_un > l_cl, g_un, np.where(l_cl > l_un, g_cl, 0.5 * (g_un + g_cl)))
-    return np.maximum(l_un, l_cl), g
+    return np.maximum(l_un, l_cl), g, l_cl > l_un
 
 
 def entropy(

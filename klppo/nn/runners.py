@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from klppo.nn.actor_critic import ActorCritic
-from klppo.nn.numpy import NumpyRunner, flat_weights
-from klppo.nn.numpy.weights import mlp_supported
+from klppo.nn.numpy import NumpyRunner
+from klppo.nn.numpy.weights import FlatWeights
 
 __all__ = ["TorchRunner", "NumpyRunner", "make_runner"]
 
@@ -49,18 +49,15 @@ class TorchRunner:
         self.gen.set_state(s["torch_generator"])
 
 
-def make_runner(agent: ActorCritic, seed: int, fast: bool = True) -> TorchRunner | NumpyRunner:
-    """The numpy runner when the network allows it (and ``fast``), else the torch runner.
+def make_runner(agent: ActorCritic, seed: int, weights: FlatWeights | None = None
+                ) -> TorchRunner | NumpyRunner:
+    """The numpy runner on the step backend's ``weights`` (``NumpyStep.weights``), handed over
+    explicitly, or the torch runner when there are none (the torch backend).
 
-    The numpy runner is handed ``flat_weights(agent)``: the numpy step backend's own buffer
-    when the step was built first, else a new one that the step will adopt (built after it,
-    :class:`~klppo.nn.numpy.NumpyStep` gets the same object), so either order acts on the
-    weights the update writes."""
-    if fast and agent.trunk is None and mlp_supported(agent.actor) \
-            and mlp_supported(agent.critic) and _cpu_float32(agent):
-        return NumpyRunner(agent, flat_weights(agent), seed)
+    The numpy runner checks with ``np.shares_memory`` that the agent's parameters view the
+    buffer it is handed and refuses to act once that buffer is superseded
+    (:class:`~klppo.nn.numpy.weights.StaleWeights`), so no construction order can make it act
+    on weights the update does not write."""
+    if weights is not None:
+        return NumpyRunner(agent, weights, seed)
     return TorchRunner(agent, seed)
-
-
-def _cpu_float32(agent: ActorCritic) -> bool:
-    return all(p.device.type == "cpu" and p.dtype == torch.float32 for p in agent.parameters())

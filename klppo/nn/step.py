@@ -10,7 +10,7 @@ Two implement it: :class:`klppo.rl.backends.TorchStep` (autograd, any network) a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,9 @@ __all__ = ["StepResult", "StepBackend"]
 @dataclass
 class StepResult:
     """One step's detached per-sample outputs (tensors or numpy arrays ``[n]``), its loss terms
-    (0-d tensors or floats) and the pre-clip gradient norm."""
+    (0-d tensors or floats), the pre-clip gradient norm and ``samples``: the per-sample
+    quantities the loss computed on the way (:data:`klppo.core.loss.PER_SAMPLE`), so the
+    diagnostics read them instead of evaluating the objective again."""
 
     idx: Any
     logp: Any
@@ -34,6 +36,7 @@ class StepResult:
     adv: Any
     grad_norm: Any
     terms: dict[str, Any]
+    samples: dict[str, Any] = field(default_factory=dict)
 
     @property
     def controller_kl(self) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from klppo.core.loss import PPOLoss
+from klppo.core.loss import PER_SAMPLE, PPOLoss
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.numpy import NumpyStep, fast_path_refusal
 from klppo.nn.step import StepBackend, StepResult
@@ -63,12 +63,15 @@ class TorchStep(StepBackend):
         with torch.set_grad_enabled(needs_kl):
             kl = self.head.kl(b.params[idx], params)
         out = self.loss(logp_new, b.logp[idx], self.adv[idx], values, b.returns[idx],
-                        b.values[idx], entropy, kl if needs_kl else None, beta, diagnostics=False)
+                        b.values[idx], entropy, kl if needs_kl else None, beta, diagnostics=False,
+                        per_sample=True)
         grad_norm = self.optimizer.step(out["loss"])
         terms = {k: _cpu(out[k]) for k in ("loss", "loss_objective", "loss_critic",
                                            "loss_entropy", "kl_penalty") if k in out}
+        samples = {k: _cpu(out[f"per_sample/{k}"]) for k in PER_SAMPLE
+                   if f"per_sample/{k}" in out}
         return StepResult(cpu_idx, _cpu(logp_new), _cpu(values), _cpu(entropy), _cpu(kl),
-                          _cpu(self.adv[idx]), _cpu(grad_norm), terms)
+                          _cpu(self.adv[idx]), _cpu(grad_norm), terms, samples)
 
     @torch.no_grad()
     def policy_kl(self, batch: Any) -> float:

@@ -12,6 +12,7 @@ import torch
 
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.distributions import DiagGaussianHead
+from klppo.nn.numpy.weights import FlatWeights
 from klppo.nn.runners import make_runner
 from klppo.rl.envs import ObsNormalizer, RewardScaler
 
@@ -89,19 +90,20 @@ class Collector:
     """Steps a SAME_STEP-autoreset vector env with the current policy.
 
     Actions come from a runner (:mod:`klppo.nn.runners`) with its own seeded generator
-    (checkpointed). Box actions are
-    clipped to the action space for the env while the buffer keeps the unclipped action and its
-    log-probability. Truncated steps store ``V(final observation)`` in ``next_values``.
+    (checkpointed): the numpy runner on ``weights``, the numpy step's buffer, else the torch
+    runner. Box actions are clipped to the action space for the env while the buffer keeps the
+    unclipped action and its log-probability. Truncated steps store ``V(final observation)`` in
+    ``next_values``.
     """
 
     def __init__(self, env: gym.vector.VectorEnv, agent: ActorCritic, num_steps: int, seed: int,
                  obs_norm: ObsNormalizer | None, reward_scaler: RewardScaler | None,
-                 fast: bool = True) -> None:
+                 weights: FlatWeights | None = None) -> None:
         self.env = env
         self.agent = agent
         self.head = agent.head
         self.T, self.N = num_steps, env.num_envs
-        self.runner = make_runner(agent, seed, fast)
+        self.runner = make_runner(agent, seed, weights)
         self.obs_norm = obs_norm
         self.reward_scaler = reward_scaler
         obs_space = env.single_observation_space

@@ -89,7 +89,7 @@ class _Trainer(RunTrainer):
                                    cfg.rollout.num_envs, cfg.seed + 2)
         self.agent, self.learner, self.controller = u.agent, u.learner, u.controller
         self.collector = Collector(self.env, u.agent, cfg.rollout.num_steps, cfg.seed + 1,
-                                   u.obs_norm, u.rew_scale, fast=u.fast)
+                                   u.obs_norm, u.rew_scale, u.weights)
         self.monitor = ExplosionMonitor()
         self.iteration = 0
         self.global_step = 0

@@ -49,6 +49,8 @@ class PolicyUnit:
         loss = make_loss(cfg)
         backend = make_backend(self.agent, loss, cfg.ppo, cfg.fast_path, cfg.device)
         self.fast = backend.fast
+        #: the numpy step's weight buffer, handed to the rollout runner (None: torch backend)
+        self.weights = getattr(backend, "weights", None)
         self.controller = make_controller(k.controller, **k.controller_options())
         self.uses_beta = loss.policy.uses_beta
         self.kl_monitor = KLMonitor(self.controller.target, k.monitor_high, k.monitor_low,

@@ -22,7 +22,6 @@ from klppo.core.controllers import KLController
 from klppo.core.diagnostics import policy_diagnostics
 from klppo.core.kl import k3
 from klppo.core.loss import PPOLoss
-from klppo.core.values import value_loss
 from klppo.nn.step import StepResult
 from klppo.rl.config import TrainConfig
 
@@ -193,16 +192,13 @@ class Learner:
             cat[k] = _concat([r.terms[k] for r in steps])
         if not bool(torch.isfinite(cat["loss"]).all()):
             raise FloatingPointError("the PPO loss became non-finite during the update")
-        idx = cat["idx"]
-        logp_old, adv = batch.logp[idx], cat["adv"]
-        ratio = torch.exp(cat["logp"] - logp_old)
-        p, band = self.cfg.ppo, self.loss.band
-        beta_t = self.loss.policy.beta_t(ratio, adv)
-        d = policy_diagnostics(cat["logp"], logp_old, adv, band.eps, band.eps_low, band.eps_high,
-                               beta_t)
-        v_loss, v_clipped = value_loss(cat["values"], batch.returns[idx], batch.values[idx],
-                                       p.value_clip, p.value_loss)
-        d.update(value_loss=v_loss.mean(), value_clip_fraction=v_clipped.float().mean(),
+        # the objective and value loss were evaluated once, in the steps: read what they used
+        s = {k: _concat([r.samples[k] for r in steps]) for k in steps[0].samples}
+        band = self.loss.band
+        d = policy_diagnostics(cat["logp"], batch.logp[cat["idx"]], s["advantage"], band.eps,
+                               band.eps_low, band.eps_high, s.get("beta_t"), s["ratio"])
+        d.update(value_loss=s["value_loss"].mean(),
+                 value_clip_fraction=s["value_clipped"].float().mean(),
                  entropy=cat["entropy"].mean(), kl_analytic=cat["kl"].mean(),
                  grad_norm=cat["grad_norm"].mean())
         for k in ("loss", "loss_objective", "loss_critic", "loss_entropy", "kl_penalty"):

@@ -30,11 +30,13 @@ def loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, e
                beta: float):
     """Loss terms and d loss / d (logp_new, value, entropy, analytic KL) per sample.
 
-    Inputs are float32 ``[n]``. Returns ``(terms, g_logp, g_value, g_entropy, g_kl)``: the loss
-    terms as floats (``loss``, ``loss_objective``, ``loss_critic``, ``loss_entropy`` and
-    ``kl_penalty`` for a penalty) and gradients of the *loss* (minimised), averaged over the
-    ``n`` samples like ``PPOLoss``; ``g_entropy`` / ``g_kl`` are None when the loss does not
-    depend on them.
+    Inputs are float32 ``[n]``. Returns ``(terms, g_logp, g_value, g_entropy, g_kl, samples)``:
+    the loss terms as floats (``loss``, ``loss_objective``, ``loss_critic``, ``loss_entropy``
+    and ``kl_penalty`` for a penalty), gradients of the *loss* (minimised), averaged over the
+    ``n`` samples like ``PPOLoss`` (``g_entropy`` / ``g_kl`` are None when the loss does not
+    depend on them), and the per-sample quantities the gradient used, for the diagnostics
+    (:data:`klppo.core.loss.PER_SAMPLE`: ``ratio``, ``advantage``, ``beta_t`` where the
+    objective has one, ``value_loss``, ``value_clipped``).
     """
     n = logp.shape[0]
     inv_n = np.float32(1.0 / n)
@@ -47,7 +49,7 @@ def loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, e
         terms["kl_penalty"] = mean(form.penalty)
     g_logp = (-inv_n * form.d_logp).astype(np.float32)
     g_kl = None if form.d_kl is None else -inv_n * form.d_kl
-    v_loss, g_v = value_loss_closed_form(value, returns, old_values, loss.value_clip,
+    v_loss, g_v, v_clipped = value_loss_closed_form(value, returns, old_values, loss.value_clip,
                                          loss.value_loss_kind)
     g_val = (np.float32(loss.vf_coef) * inv_n * g_v).astype(np.float32)
     # no entropy bonus: no entropy gradient (adding its zeros would change nothing)
@@ -58,4 +60,7 @@ def loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, e
     loss_ent = -loss.ent_coef * mean(entropy)
     terms.update(loss_objective=loss_obj, loss_critic=loss_critic, loss_entropy=loss_ent,
                  loss=loss_obj + loss_critic + loss_ent)
-    return terms, g_logp, g_val, g_ent, g_kl
+    samples = {"ratio": w, "advantage": a, "value_loss": v_loss, "value_clipped": v_clipped}
+    if form.beta_t is not None:
+        samples["beta_t"] = form.beta_t
+    return terms, g_logp, g_val, g_ent, g_kl, samples

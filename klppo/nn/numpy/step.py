@@ -98,7 +98,7 @@ class NumpyStep(StepBackend):
             npb["logp"].take(i), a_i, npb["returns"].take(i), npb["values"].take(i), beta)
         terms = {k: r[k] for k in _TERMS if k in r}
         return StepResult(i, r["logp"], r["values"], r["entropy"], r["kl"], a_i,
-                          r["grad_norm"], terms)
+                          r["grad_norm"], terms, r["samples"])
 
     def policy_kl(self, batch: Any) -> float:
         """Analytic KL(rollout policy || current policy), mean over the rollout (nats)."""
@@ -109,12 +109,13 @@ class NumpyStep(StepBackend):
                     beta: float) -> dict[str, Any]:
         """Apply one update from float32 arrays (``obs [n, obs_dim]``, ``actions``,
         ``old_params [n, param_dim]``, the rest ``[n]``); return the per-sample outputs
-        (``logp``, ``values``, ``entropy``, ``kl``), the loss terms and ``grad_norm``."""
+        (``logp``, ``values``, ``entropy``, ``kl``), the loss terms, ``grad_norm`` and
+        ``samples`` (what the gradient used, see :func:`~klppo.nn.numpy.closed_form.loss_grads`)."""
         a_acts = mlp.forward(self.actor, obs, self.ws, "actor")
         c_acts = mlp.forward(self.critic, obs, self.ws, "critic")
         out, value = a_acts[-1], c_acts[-1][:, 0].copy()  # buffers are reused: copy what leaves
         logp, entropy, kl, backward = self.head.step(out, actions, old_params)
-        terms, g_logp, g_val, g_ent, g_kl = loss_grads(
+        terms, g_logp, g_val, g_ent, g_kl, samples = loss_grads(
             self.loss, logp.astype(np.float32, copy=False), logp_old, adv, value, returns,
             old_values, entropy, kl.astype(np.float32, copy=False), beta)
         g_out = backward(g_logp, g_ent, g_kl)
@@ -124,7 +125,7 @@ class NumpyStep(StepBackend):
                      self.ws)
         norm = self.optimizer.step()
         return {"logp": logp, "values": value, "entropy": entropy, "kl": kl, "grad_norm": norm,
-                **terms}
+                "samples": samples, **terms}
 
     def policy_kl_arrays(self, obs: np.ndarray, old_params: np.ndarray) -> float:
         """Mean analytic KL(old || current) over ``obs`` (nats per sample), numpy forward."""

@@ -29,7 +29,7 @@ class Slot:
     def __init__(self, name: str, unit: PolicyUnit, action_space: Any, T: int, N: int,
                  seed: int) -> None:
         self.name, self.unit, self.T, self.N = name, unit, T, N
-        self.runner = make_runner(unit.agent, seed, unit.fast)
+        self.runner = make_runner(unit.agent, seed, unit.weights)
         head = unit.agent.head
         self.box = isinstance(head, DiagGaussianHead)
         if self.box:

@@ -54,7 +54,7 @@ def test_categorical_frequencies_follow_the_probabilities():
 def test_gaussian_runner_logp_matches_the_head():
     torch.manual_seed(0)
     agent = ActorCritic(4, DiagGaussianHead(2), log_std_init=-0.5)
-    runner = make_runner(agent, seed=1)
+    runner = make_runner(agent, 1, flat_weights(agent))
     assert isinstance(runner, NumpyRunner)
     obs = np.random.default_rng(1).standard_normal((512, 4)).astype(np.float32)
     action, logp, params, _ = runner.act(obs)
@@ -65,3 +65,5 @@ def test_gaussian_runner_logp_matches_the_head():
 def test_shared_trunk_falls_back_to_torch():
     agent = ActorCritic(4, CategoricalHead(2), shared_trunk=True)
     assert isinstance(make_runner(agent, 0), TorchRunner)
+    with pytest.raises(ValueError, match="separate"):
+        NumpyRunner(agent, flat_weights(agent), 0)

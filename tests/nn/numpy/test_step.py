@@ -83,10 +83,21 @@ def test_generated_parity_per_sample_gradients(value_opts, objective, opts):
     vold = x["values"] + 0.3 * torch.randn(n, generator=g)
     leaves = {k: v.clone().requires_grad_(True) for k, v in x.items()}
     out = loss(leaves["logp"], lo, adv, leaves["values"], ret, vold, leaves["entropy"],
-               leaves["kl"] if loss.needs_analytic_kl else None, 0.7, diagnostics=False)
+               leaves["kl"] if loss.needs_analytic_kl else None, 0.7, diagnostics=False,
+               per_sample=True)
     auto = torch.autograd.grad(out["loss"], list(leaves.values()), allow_unused=True)
-    terms, *fast = loss_grads(loss, *(v.numpy() for v in (
+    terms, *fast, samples = loss_grads(loss, *(v.numpy() for v in (
         x["logp"], lo, adv, x["values"], ret, vold, x["entropy"], x["kl"])), 0.7)
+    # the per-sample quantities the diagnostics reuse: the same names and numbers as torch's
+    assert sorted(samples) == sorted(k[len("per_sample/"):] for k in out
+                                     if k.startswith("per_sample/"))
+    for k, v in samples.items():
+        t = out[f"per_sample/{k}"]
+        if t.dtype == torch.bool:
+            assert np.array_equal(v, t.numpy()), k
+        else:
+            assert torch.allclose(torch.from_numpy(np.asarray(v, np.float32)), t, rtol=1e-5,
+                                  atol=1e-6), k
     for name, a, f in zip(leaves, auto, fast):
         a = torch.zeros(n) if a is None else a
         f = torch.zeros(n) if f is None else torch.from_numpy(np.asarray(f, np.float32))

@@ -38,11 +38,11 @@ def test_runner_acts_on_the_steps_weights_in_either_order(head, runner_first):
     torch.manual_seed(0)
     agent = ActorCritic(4, head, log_std_init=-0.3)
     if runner_first:
-        runner = make_runner(agent, seed=0)
+        runner = NumpyRunner(agent, flat_weights(agent), seed=0)
         step = NumpyStep(agent, PPOLoss("clip"), 1e-2, 1e-5, 0.5)
     else:
         step = NumpyStep(agent, PPOLoss("clip"), 1e-2, 1e-5, 0.5)
-        runner = make_runner(agent, seed=0)
+        runner = make_runner(agent, 0, step.weights)
     assert isinstance(runner, NumpyRunner) and runner.weights is step.weights
     assert all(np.shares_memory(p.detach().numpy(), step.weights.flat)
                for p in agent.parameters())
