@@ -197,3 +197,25 @@ def test_gradient_warning_names_the_combination_and_its_kl():
     assert [c.describe() for c in C.unbiased("forward", 1)] == [
         "k3 in the loss (per token, on-policy, 1 token)",
         "k3 in the loss (per token, off-policy, detached ratio, 1 token)"]
+
+
+def test_trust_region_kl_on_its_own_samples_has_the_right_gradient():
+    """docs/algorithms.md: the Gymnasium trainer's KL(pi_old || pi_new) on samples from pi_old
+    (its fixed first argument), differentiated in the loss: k1 and k3 give its gradient, k2
+    does not."""
+    from klppo.core.kl import sampled_kl
+
+    g = torch.Generator().manual_seed(0)
+    old, new = (torch.randn(5, generator=g, dtype=torch.float64) for _ in range(2))
+    logp_old = torch.log_softmax(old, 0)
+    p_old = logp_old.exp()
+
+    def expected(est):
+        x = new.clone().requires_grad_(True)
+        k = sampled_kl(logp_old, torch.log_softmax(x, 0), est)
+        return torch.autograd.grad((p_old * k).sum(), x)[0]
+
+    exact = torch.softmax(new, 0) - p_old  # d/dlogits of KL(old || new), by hand
+    torch.testing.assert_close(expected("k1"), exact, atol=1e-14, rtol=0)
+    torch.testing.assert_close(expected("k3"), exact, atol=1e-14, rtol=0)
+    assert (expected("k2") - exact).abs().max() > 1e-2
