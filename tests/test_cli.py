@@ -115,3 +115,28 @@ def test_python_dash_m_runs_the_command(module):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "verify: OK" in proc.stdout
+
+
+def test_verify_prints_the_kl_gradient_table(capsys):
+    assert main(["verify", "--batches", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "KL gradients: which KL each estimator x placement x correction descends" in out
+    for est in ("k1", "k2", "k3", "abs", "k3_flipped", "tutorial", "full"):
+        assert f"\n    {est} " in out
+    assert "on_policy            ratio       ratio_grad token_ratio_grad             none" in out
+    assert "agrees with enumeration" in out and "verify: OK" in out
+    # k3 differentiated in the loss, one action: forward on-policy, reverse with the ratio
+    block = out[out.index("in the loss (differentiated):"):]
+    row = next(line for line in block.splitlines() if line.startswith("    k3 "))
+    assert row.split() == ["k3", "forward", "forward", "reverse", "neither"]
+
+
+def test_verify_fails_when_a_claim_disagrees_with_enumeration(monkeypatch, capsys):
+    from klppo.core import kl_gradient_claims as C
+
+    monkeypatch.setitem(C.CLAIMS, (1, "reward", "token", "k3", "on_policy"), "reverse")
+    assert main(["verify", "--batches", "2"]) == 1
+    out = capsys.readouterr().out
+    assert ("MISMATCH k3 in the reward (per token, on-policy, 1 token): claimed reverse, "
+            "enumerated neither") in out
+    assert "DISAGREES with enumeration" in out and "verify: FAILED" in out

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from klppo.cli.errors import INTERRUPTED, say_error
 from klppo.cli.flags import OneLineParser
+from klppo.cli.progress import one_line_warnings
 
 __all__ = ["main", "build_parser", "PASSTHROUGH", "SUBPARSERS"]
 
@@ -49,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        if argv and argv[0] in PASSTHROUGH:
-            return importlib.import_module(PASSTHROUGH[argv[0]][0]).run(argv[1:])
-        args = build_parser().parse_args(argv)
-        run: Callable[[argparse.Namespace], int] = args.func
-        return run(args)
+        with one_line_warnings():
+            if argv and argv[0] in PASSTHROUGH:
+                return importlib.import_module(PASSTHROUGH[argv[0]][0]).run(argv[1:])
+            args = build_parser().parse_args(argv)
+            run: Callable[[argparse.Namespace], int] = args.func
+            return run(args)
     except KeyboardInterrupt:  # Ctrl-C before a command took over the signal (imports, parsing)
         say_error(argv[0] if argv and not argv[0].startswith("-") else "", "interrupted")
         return INTERRUPTED

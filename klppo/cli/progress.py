@@ -1,11 +1,35 @@
-"""What the long-running sub-commands print while they work: elapsed time and ETA, and the
-numeric warnings of a run folded into one line."""
+"""What the long-running sub-commands print while they work: elapsed time and ETA, the
+numeric warnings of a run folded into one line, and klppo's own warnings as one line each."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import warnings
+from collections.abc import Iterator
 
-__all__ = ["NumericWarnings", "clock", "elapsed_eta"]
+__all__ = ["NumericWarnings", "one_line_warnings", "clock", "elapsed_eta"]
+
+
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Inside it, a warning of one of klppo's own classes (e.g.
+    :class:`klppo.core.kl_gradient_claims.KLGradientWarning`) prints as one line on stderr,
+    ``WARNING <class>: <message>``, like the log lines; other warnings as usual. Python's
+    filters still decide whether a warning shows (by default once per place and message)."""
+    show = warnings.showwarning
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.startswith("klppo."):
+            print(f"WARNING {category.__name__}: {message}", file=sys.stderr, flush=True)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
 
 
 class NumericWarnings(list):

@@ -2,18 +2,22 @@
 
 Returns plain data (``klppo verify`` prints it): Theorem 1 (gradient of PPO-Clip == gradient of
 the per-sample KL template), Theorem 2 (min form == Phi form, in value), partition fractions,
-and a comparison of every controller on one scripted KL trace.
+a comparison of every controller on one scripted KL trace, and the KL estimator x placement x
+correction table (:mod:`klppo.core.kl_gradients`) checked against the library's claims
+(:mod:`klppo.core.kl_gradient_claims`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 
 from klppo.core.controllers import ControllerName, make_controller
+from klppo.core.kl_gradient_claims import Mismatch, check_claims
+from klppo.core.kl_gradients import GradientTable, enumerate_table
 from klppo.core.surrogates import (
     clip_objective,
     partition,
@@ -35,9 +39,34 @@ class GradientCheck:
 
 
 @dataclass
+class KLGradientCheck:
+    """The enumerated KL gradient table and the cells where it disagrees with the claims."""
+
+    table: GradientTable
+    mismatches: list[Mismatch]
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and all(c.verdict != "unclear" for c in self.table.cells)
+
+    @property
+    def max_unbiased_diff(self) -> float:
+        """Largest |expected gradient - gradient of its KL| over the unbiased cells."""
+        return max(min(c.diff_reverse, c.diff_forward) for c in self.table.cells
+                   if c.verdict in ("reverse", "forward"))
+
+    @property
+    def min_biased_gap(self) -> float:
+        """Smallest distance to the nearer KL gradient over the other cells."""
+        return min(min(c.diff_reverse, c.diff_forward) for c in self.table.cells
+                   if c.verdict not in ("reverse", "forward"))
+
+
+@dataclass
 class VerifyResult:
     """What ``klppo verify`` prints: Theorem 1 per batch size, Theorem 2's residuals (float32,
-    float64, the smallest Phi), the partition fractions and the controllers on a KL trace."""
+    float64, the smallest Phi), the partition fractions, the controllers on a KL trace and the
+    KL gradient table."""
 
     theorem1: list[GradientCheck]
     theorem2_max_abs_diff: float
@@ -46,7 +75,8 @@ class VerifyResult:
     theorem2_min_phi: float
     fractions: dict[str, float]
     kl_trace: list[float]
-    controller_betas: dict[str, list[float]] = field(default_factory=dict)
+    controller_betas: dict[str, list[float]]
+    kl_gradients: KLGradientCheck
 
     @property
     def ok(self) -> bool:
@@ -57,6 +87,7 @@ class VerifyResult:
             and self.theorem2_max_rel_diff < 4 * torch.finfo(torch.float32).eps
             and self.theorem2_max_abs_diff_f64 < 1e-12
             and self.theorem2_min_phi >= 0.0
+            and self.kl_gradients.ok
         )
 
 
@@ -134,7 +165,10 @@ def verify(
     for label, opts in setups.items():
         ctrl = make_controller(cast(ControllerName, label.split("(")[0]), **opts)
         betas[label] = [ctrl.update(d) for d in trace]
-    return VerifyResult(checks, t2, t2_rel, t2_64, float(phi.min()), fractions, trace, betas)
+    table = enumerate_table(seed=seed)
+    kl_check = KLGradientCheck(table, check_claims(table))
+    return VerifyResult(checks, t2, t2_rel, t2_64, float(phi.min()), fractions, trace, betas,
+                        kl_check)
 
 
 def scripted_kl_trace(n: int = 12) -> list[float]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, get_args
 
 from klppo.core.controllers import ControllerName
+from klppo.core.kl_gradient_claims import claimed, gradient_warning
+from klppo.core.kl_gradients import Combination
 from klppo.runs.configfile import field_hints, overlay
 from klppo.runs.device import resolve_device
 from klppo.runs.errors import ConfigError
@@ -17,7 +19,8 @@ KLEstimatorLM = Literal["k1", "k3", "full", "k3_flipped", "tutorial"]
 KLPlacement = Literal["reward", "loss"]
 KLUnitLM = Literal["per_sequence_sum", "per_token_mean", "per_token_mean_all"]
 
-__all__ = ["RLHFConfig", "ConfigError", "validate_rlhf", "config_from_dict"]
+__all__ = ["RLHFConfig", "ConfigError", "validate_rlhf", "config_from_dict",
+           "kl_gradient_combination", "kl_gradient_warning"]
 
 
 @dataclass
@@ -49,7 +52,9 @@ class RLHFConfig:
     reproduce peers: k3_flipped (trlx's e^d - 1 - d, mean chi^2 - KL) or tutorial (the adaptive-KL
     tutorial's e^d d, heavily biased) - neither is the KL"""
     kl_placement: KLPlacement = "reward"
-    """reward: -beta KL_t in every token's reward (Ziegler/TRL); loss: beta k3 in the loss (GRPO)"""
+    """reward: -beta KL_t in every token's reward (Ziegler/TRL); loss: beta k3 in the loss (GRPO;
+    kl_estimator then only measures the KL). Only k1 in the reward has the gradient of
+    KL(policy || reference) (`klppo verify`); other choices warn"""
     kl_unit: KLUnitLM = "per_sequence_sum"
     """unit of the KL fed to the controller and of the target: per_sequence_sum (nats per
     sequence), per_token_mean (nats per response token), per_token_mean_all (trlx's per-token
@@ -176,3 +181,31 @@ def config_from_dict(values: Any, base: RLHFConfig | None = None,
     except TypeCheckError as e:
         raise ConfigError(str(e)) from None
     return validate_rlhf(cfg)
+
+
+def kl_gradient_combination(c: RLHFConfig) -> Combination:
+    """The KL estimator x placement x correction (:mod:`klppo.core.kl_gradients`) the loop's
+    penalty amounts to on its first update of an iteration (on-policy samples).
+
+    ``kl_placement=reward``: ``kl_estimator`` per token in the rewards, credited through the
+    returns (a score-function term); ``kl_placement=loss``: ``k3`` per token, differentiated,
+    whatever ``kl_estimator`` (which then only measures the KL). Later PPO epochs reuse the
+    samples: per-token ratios for the reward (PPO's surrogate), no ratio for the loss."""
+    if c.kl_placement == "loss":
+        return Combination("k3", "loss", "token", "on_policy", c.response_len)
+    return Combination(c.kl_estimator, "reward", "token", "on_policy", c.response_len)
+
+
+def kl_gradient_warning(c: RLHFConfig) -> str | None:
+    """None when the config's KL penalty has the gradient of KL(policy || reference); else one
+    line naming the combination, the KL it descends and the settings that are unbiased."""
+    msg = gradient_warning(kl_gradient_combination(c))
+    if msg is None:
+        return None
+    fixes = sorted({f"kl_estimator={e} with kl_placement={p}"
+                    for e in get_args(KLEstimatorLM) for p in get_args(KLPlacement)
+                    if claimed(kl_gradient_combination(replace(c, kl_estimator=e,
+                                                               kl_placement=p))) == "reverse"})
+    fix = " or ".join(fixes) if fixes else "none of this loop's settings"
+    return (f"kl_estimator={c.kl_estimator}, kl_placement={c.kl_placement} is {msg}; the "
+            f"unbiased form of KL(policy || reference) here: {fix} (see `klppo verify`)")

@@ -18,6 +18,7 @@ import logging
 import random
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,10 @@ import torch
 from klppo.core.advantages import gae
 from klppo.core.controllers import make_controller
 from klppo.core.kl import NOT_KL, per_sequence_sum, per_token_mean, sampled_kl
+from klppo.core.kl_gradient_claims import KLGradientWarning
 from klppo.core.loss import PPOLoss
 from klppo.core.monitor import KLMonitor
-from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf
+from klppo.lm.config import ConfigError, RLHFConfig, kl_gradient_warning, validate_rlhf
 from klppo.lm.model import PolicyWithValue, frozen_reference, load_lm
 from klppo.lm.pretrain import encode, perplexity
 from klppo.lm.reward import RewardFn, checked, make_reward
@@ -100,13 +102,18 @@ def measure_kl(kl: torch.Tensor, mask: torch.Tensor, unit: str) -> float:
 
 
 def _say_what_the_choices_mean(cfg: RLHFConfig) -> None:
-    """Log the choices that do something users may not expect."""
+    """Log the choices that do something users may not expect; warn (once, as a
+    :class:`KLGradientWarning`) when the KL penalty's gradient is not that of
+    KL(policy || reference)."""
     if cfg.controller == "proportional" and cfg.target is None:
         log.warning("controller proportional with no target: a fixed beta %g (trlx's "
                     "semantics)", cfg.beta)
     if cfg.kl_estimator in NOT_KL:
         log.warning("kl_estimator %s does not estimate KL(policy || reference) (see "
                     "klppo.core.kl); chosen to reproduce a peer", cfg.kl_estimator)
+    biased = kl_gradient_warning(cfg)
+    if biased is not None:
+        warnings.warn(biased, KLGradientWarning, stacklevel=3)
 
 
 class Experiment:
