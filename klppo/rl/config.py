@@ -284,12 +284,12 @@ def _validate_kl(cfg: TrainConfig) -> None:
     if not (k.monitor_high > 1 and 0 < k.monitor_low < 1 and k.monitor_patience >= 1):
         raise _bad("kl.monitor_high/low/patience", (k.monitor_high, k.monitor_low,
                    k.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
+    check_actuator(cfg)  # before the controller's timing: it names what an actuator ignores
     if k.measure == "rollout" and k.cadence != "iteration":
         raise _bad("kl.measure", k.measure, "the rollout KL exists once per iteration: "
                    "use kl.cadence iteration")
     if k.measure == "epoch_mean" and k.cadence == "minibatch":
         raise _bad("kl.measure", k.measure, "an epoch mean needs kl.cadence epoch or iteration")
-    check_actuator(cfg)
     if cfg.net.separate_losses and not cfg.net.shared_trunk:
         raise _bad("net.separate_losses", True, "only applies with net.shared_trunk")
     try:  # the controller validates its own options (names the bad one)
