@@ -148,3 +148,23 @@ def test_default_actuator_logs_the_constant_radius_and_checkpoints_nothing(tmp_p
     assert set(logged(res, "clip_eps")) == {0.2}
     assert "actuator_kl" not in res.metrics[0]
     assert ckpt.load_checkpoint(res.run_dir)["actuator"] is None
+
+
+def test_a_checkpoint_written_before_the_actuator_fields_resumes(tmp_path):
+    """A checkpoint whose stored config predates the kl.actuator* fields resumes when
+    config.yaml has them at their defaults (what that run did), and is refused when not."""
+    from klppo.rl.lifecycle import ResumeError
+    from klppo.runs.rundir import read_yaml, write_yaml
+
+    cfg = config(tmp_path)
+    run = rl.train(cfg).run_dir
+    state = ckpt.load_checkpoint(run)
+    for key in ("actuator", "actuator_rule", "actuator_min", "actuator_max"):
+        del state["config"]["kl"][key]
+    ckpt.save_checkpoint(run, state)
+    assert rl.resume(run).status == "finished"
+    yaml = read_yaml(run / "config.yaml")
+    yaml["kl"]["actuator"] = "clip"
+    write_yaml(run / "config.yaml", yaml)
+    with pytest.raises(ResumeError, match="kl.actuator='clip' but the checkpoint was made with"):
+        rl.resume(run)
