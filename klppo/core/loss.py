@@ -8,6 +8,7 @@ argument, read from the controller by the training loop.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Literal
 
@@ -110,6 +111,18 @@ class PPOLoss:
     @property
     def band(self) -> Band:
         return self.policy.band
+
+    def set_eps(self, eps: float) -> None:
+        """Move the symmetric clip radius (what the clip actuator drives, between minibatch
+        steps); ValueError for an objective without a band or a band with its own edges."""
+        b = self.policy.band
+        if not self.policy.clipped:
+            raise ValueError(f"objective {self.objective!r} has no clip band to set eps on")
+        if b.eps_low is not None or b.eps_high is not None or not b.is_scalar:
+            raise ValueError("set_eps moves the symmetric radius; this band has its own edges "
+                             f"(eps_low={b.eps_low!r}, eps_high={b.eps_high!r})")
+        check_positive("eps", eps)
+        self.policy.band = dataclasses.replace(b, eps=float(eps))
 
     @property
     def needs_analytic_kl(self) -> bool:

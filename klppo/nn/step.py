@@ -46,6 +46,13 @@ class StepResult:
             return self.terms["kl_penalty"]
         return self.kl.mean() if isinstance(self.kl, torch.Tensor) else float(np.mean(self.kl))
 
+    @property
+    def mean_kl(self) -> float:
+        """Mean analytic KL(old || new) of the step's forward pass (before its update), nats per
+        sample: what an lr or clip actuator with after-step timing is fed."""
+        return float(self.kl.mean()) if isinstance(self.kl, torch.Tensor) else \
+            float(np.mean(self.kl))
+
 
 class StepBackend:
     """What both backends share: the optimiser's lr and state, and the k3 early-stop check
@@ -64,6 +71,15 @@ class StepBackend:
         with torch.no_grad():
             params = self.agent.policy_params(b.obs[idx])
             return float(k3(self.agent.head.log_prob(params, b.actions[idx]) - b.logp[idx]).mean())
+
+    def analytic_kl(self, idx: torch.Tensor) -> float:
+        """Mean analytic KL(old || current) over the minibatch rows ``idx`` (per state, summed
+        over action dimensions; nats per sample), before stepping on them: what an lr or clip
+        actuator with before-step timing (rsl_rl's) is fed."""
+        b, idx = self.batch, idx.to(self.device)
+        with torch.no_grad():
+            params = self.agent.policy_params(b.obs[idx])
+            return float(self.agent.head.kl(b.params[idx], params).mean())
 
     def set_lr(self, lr: float) -> None:
         self.optimizer.set_lr(lr)

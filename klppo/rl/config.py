@@ -10,12 +10,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from klppo.core.actuators import RuleName
 from klppo.core.advantages import NormScope
 from klppo.core.controllers import CONTROLLERS, ControllerName, StepPreset
 from klppo.core.loss import OBJECTIVES, KLEstimatorChoice, ObjectiveName
 from klppo.core.surrogates import SHAPES, SOFT_SHAPES, Shape
 from klppo.core.values import ValueLossKind
 from klppo.rl import bounds
+from klppo.rl.actuate import check_actuator
 from klppo.runs.configfile import overlay
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import above, at_least, below, check_ranges, within
@@ -24,6 +26,7 @@ from klppo.runs.typecheck import short_repr
 Cadence = Literal["minibatch", "epoch", "iteration"]
 KLMeasure = Literal["last_minibatch", "epoch_mean", "rollout"]
 EarlyStop = Literal["none", "minibatch", "epoch"]
+Actuator = Literal["beta", "lr", "clip"]
 
 
 @dataclass
@@ -93,7 +96,8 @@ class PPOConfig:
     target_kl: float | None = field(default=None, metadata=above(0))
     """early-stop threshold on the k3 KL(old || new), nats per sample (None: off)"""
     early_stop: EarlyStop = "none"
-    """minibatch: skip the step if k3 > 1.5 target_kl (SB3); epoch: stop after it (CleanRL)"""
+    """minibatch: before every step, stop the update (both loops) when k3 > 1.5 target_kl
+    (SB3); epoch: stop after an epoch whose last step had k3 > target_kl (CleanRL)"""
 
 
 @dataclass
@@ -134,6 +138,17 @@ class KLConfig:
     measure: KLMeasure = "rollout"
     """KL fed to it: last minibatch, epoch mean, or rollout (analytic KL(rollout policy || updated
     policy) over the whole rollout, the KLip baseline; needs cadence iteration)"""
+
+    actuator: Actuator = "beta"
+    """what the measured KL drives: beta (the controller above), lr (the learning rate) or clip
+    (ppo.eps), the last two every minibatch (docs/algorithms.md)"""
+    actuator_rule: RuleName = "rsl_rl"
+    """lr / clip actuator's step rule: rsl_rl (KL before each step, applied to it; target 0.01) or
+    rl_games (KL of each step, applied from the next; target 0.008)"""
+    actuator_min: float | None = field(default=None, metadata=above(0))
+    """lower bound of the actuated value (None: lr 1e-5 for rsl_rl, 1e-6 for rl_games; eps 0.02)"""
+    actuator_max: float | None = field(default=None, metadata=above(0))
+    """upper bound of the actuated value (None: lr 1e-2; eps 0.5)"""
 
     def controller_options(self) -> dict[str, Any]:
         """Options for ``make_controller``: the fields that are set (``preset`` only for step)."""
@@ -269,6 +284,7 @@ def _validate_kl(cfg: TrainConfig) -> None:
     if not (k.monitor_high > 1 and 0 < k.monitor_low < 1 and k.monitor_patience >= 1):
         raise _bad("kl.monitor_high/low/patience", (k.monitor_high, k.monitor_low,
                    k.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
+    check_actuator(cfg)  # before the controller's timing: it names what an actuator ignores
     if k.measure == "rollout" and k.cadence != "iteration":
         raise _bad("kl.measure", k.measure, "the rollout KL exists once per iteration: "
                    "use kl.cadence iteration")

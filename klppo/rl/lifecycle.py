@@ -103,9 +103,12 @@ def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any) -> None:
         raise ResumeError(f"{run_dir / 'checkpoint.pt'}: its config is {short_repr(saved)}, not a "
                           f"mapping; the checkpoint is not one klppo wrote")
     old, new = _flatten(saved), _flatten(to_dict(cfg))
+    default = _flatten(to_dict(TrainConfig()))
     for key in sorted(set(old) | set(new)):
         if key.split(".")[0] in RESUMABLE_CHANGES or old.get(key) == new.get(key):
             continue
+        if key not in old and key in default and new.get(key) == default[key]:
+            continue  # a field added since the checkpoint, at its default (what the run did)
         raise ResumeError(f"{path}: {key}={short_repr(new.get(key))} but the checkpoint was made "
                           f"with {short_repr(old.get(key))}; a resume continues the same run (undo "
                           f"the edit or start a new run; docs/reliability.md says what may change)")

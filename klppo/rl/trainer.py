@@ -30,7 +30,7 @@ from klppo.rl.marl.spec import check_multiagent, is_multiagent
 from klppo.rl.marl.trainer import MultiTrainer
 from klppo.rl.monitor import ExplosionMonitor
 from klppo.rl.rollout import Collector
-from klppo.rl.unit import PolicyUnit, episode_means, learning_rate
+from klppo.rl.unit import PolicyUnit, episode_means
 from klppo.runs import checkpoint as ckpt
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
@@ -129,8 +129,7 @@ class _Trainer(RunTrainer):
     def phases(self) -> dict[str, Any]:
         cfg = self.cfg
         it = self.iteration + 1
-        lr = learning_rate(cfg, it)
-        self.learner.set_lr(lr)
+        lr = self.unit.start_iteration(it)  # the schedule's, or the lr actuator's
         t0 = time.perf_counter()
         episodes = self.collector.collect(it)                                   # 1. collect
         self.global_step += cfg.batch_size

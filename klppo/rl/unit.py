@@ -83,6 +83,8 @@ class PolicyUnit:
             "obs_norm": None if self.obs_norm is None else self.obs_norm.rms.state_dict(),
             "reward_scaler": None if self.rew_scale is None else self.rew_scale.state_dict(),
             "kl_monitor": self.kl_monitor.state_dict(),
+            "actuator": None if self.learner.actuation is None else
+            self.learner.actuation.state_dict(),
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
@@ -96,6 +98,18 @@ class PolicyUnit:
             self.rew_scale.load_state_dict(s["reward_scaler"])
         if "kl_monitor" in s:
             self.kl_monitor.load_state_dict(s["kl_monitor"])
+        if self.learner.actuation is not None:  # after the optimiser: its lr is the rule's
+            self.learner.actuation.load_state_dict(s["actuator"])
+
+    def start_iteration(self, it: int) -> float:
+        """Set iteration ``it``'s learning rate and return it: the schedule's
+        (:func:`learning_rate`), or the lr actuator's current value, which replaces it."""
+        a = self.learner.actuation
+        if a is not None and a.knob == "lr":
+            return a.value
+        lr = learning_rate(self.cfg, it)
+        self.learner.set_lr(lr)
+        return lr
 
     # ---------------------------------------------------------------- phases
     def advantages(self, b: RolloutBuffer) -> Batch:
@@ -119,6 +133,8 @@ class PolicyUnit:
             "value_target_rms": float(batch.returns.square().mean().sqrt()),
             "controller_updates": len(ctrl_updates),
         }
+        if self.learner.loss.policy.clipped:
+            m["clip_eps"] = self.learner.loss.band.eps
         if ctrl_updates:
             last = ctrl_updates[-1]
             m.update(kl_target=last["target"], kl_observed=last["observed"],

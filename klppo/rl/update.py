@@ -1,15 +1,18 @@
 """The PPO update phase: ONE loop of epochs and minibatch steps over a step backend.
 
 ``Learner.update`` reads top to bottom: for each epoch a fresh permutation, for each minibatch
-an optional early-stop check, one backend step (:mod:`klppo.rl.backends`: torch autograd or the
-numpy fast path, same contract), then the :class:`Schedule`, which owns the controller cadence
-(minibatch / epoch / iteration) and both early stops. The steps keep their detached per-sample
+an optional early-stop check, the lr / clip actuator's before-step update, one backend step
+(:mod:`klppo.rl.backends`: torch autograd or the numpy fast path, same contract), then the
+:class:`Schedule`, which owns the controller cadence (minibatch / epoch / iteration), the
+actuator's after-step update and both early stops. The steps keep their detached per-sample
 outputs; the diagnostics (docs/metrics.md) are computed once per iteration over all of them,
 which gives the same means as averaging per-minibatch values at a fraction of the cost.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +26,7 @@ from klppo.core.diagnostics import policy_diagnostics
 from klppo.core.kl import k3
 from klppo.core.loss import PPOLoss
 from klppo.nn.step import StepResult
+from klppo.rl.actuate import Actuation
 from klppo.rl.config import TrainConfig
 
 __all__ = ["Batch", "UpdateResult", "Schedule", "Learner", "make_loss"]
@@ -72,16 +76,22 @@ class UpdateResult:
 
 class Schedule:
     """When the controller updates (after every minibatch, epoch or iteration), from which KL,
-    and when the update stops early (SB3's minibatch rule: skip a step whose k3 exceeds
-    ``1.5 target_kl``; CleanRL's epoch rule: stop after an epoch whose last step's k3 exceeded
-    ``target_kl``). One instance per update; ``updates`` lists the controller's records."""
+    when the lr / clip actuator acts (around every minibatch step, :mod:`klppo.rl.actuate`), and
+    when the update stops early (SB3's minibatch rule: before every step, stop the whole update
+    when the minibatch's k3 exceeds ``1.5 target_kl``; CleanRL's epoch rule: stop after an epoch
+    whose last step's k3 exceeded ``target_kl``). One instance per update; ``updates`` lists the
+    controller's records."""
 
-    def __init__(self, cfg: TrainConfig, controller: KLController, uses_beta: bool) -> None:
+    def __init__(self, cfg: TrainConfig, controller: KLController, uses_beta: bool,
+                 actuation: Actuation | None = None) -> None:
         self.cfg, self.controller, self.uses_beta = cfg, controller, uses_beta
+        self.actuation = actuation
         self.updates: list[dict] = []
         self.epoch_kls: list[Any] = []
         self.last_kl: Any = None
         self.early_stopped = False
+        if actuation is not None:
+            actuation.begin()
 
     def _update(self, kl: Any, n_steps: int) -> None:
         self.controller.update(float(kl), n_steps=n_steps)
@@ -100,7 +110,14 @@ class Schedule:
             self.early_stopped = True
         return self.early_stopped
 
+    def before_step(self, idx: torch.Tensor) -> None:
+        """The actuator's before-step update (rsl_rl's timing), if it has one."""
+        if self.actuation is not None:
+            self.actuation.before_step(idx)
+
     def after_step(self, r: StepResult, n: int) -> None:
+        if self.actuation is not None:
+            self.actuation.after_step(r)
         if not self.uses_beta:  # no controller reads the minibatch KL
             return
         self.last_kl = r.controller_kl
@@ -144,7 +161,8 @@ class Learner:
         self.cfg, self.backend, self.loss = cfg, backend, loss
         self.controller, self.gen = controller, generator
         self.uses_beta = loss.policy.uses_beta
-        self.schedule = Schedule(cfg, controller, self.uses_beta)
+        self.actuation = Actuation.from_config(cfg, backend, loss)
+        self.schedule = Schedule(cfg, controller, self.uses_beta, self.actuation)
 
     def set_lr(self, lr: float) -> None:
         self.backend.set_lr(lr)
@@ -152,10 +170,11 @@ class Learner:
     def update(self, batch: Batch) -> UpdateResult:
         p, B = self.cfg.ppo, len(batch)
         adv = normalize_advantage(batch.advantages) if p.norm_adv == "rollout" else batch.advantages
-        self.schedule = sched = Schedule(self.cfg, self.controller, self.uses_beta)
+        self.schedule = sched = Schedule(self.cfg, self.controller, self.uses_beta,
+                                         self.actuation)
         self.backend.begin(batch, adv)
         steps: list[StepResult] = []
-        epochs = 0
+        epochs = 0  # passes that took at least one step (one cut short by the stop counts)
         with validation(False):  # inputs come from a checked rollout; the result is checked below
             for _epoch in range(p.update_epochs):
                 perm, before = torch.randperm(B, generator=self.gen), len(steps)
@@ -163,17 +182,21 @@ class Learner:
                 for start in range(0, B, p.minibatch_size):
                     idx = perm[start:start + p.minibatch_size]
                     if sched.skip_minibatch(lambda i=idx: self.backend.k3(i)):
-                        break
+                        break  # the minibatch stop: out of this loop, then out of the epochs
+                    sched.before_step(idx)
                     steps.append(self.backend.step(idx, sched.beta()))
                     sched.after_step(steps[-1], len(idx))
-                epochs += 1
+                epochs += len(steps) > before
                 if sched.early_stopped or len(steps) == before:
                     break
                 if sched.after_epoch(steps[-1], batch):
                     break
             metrics = self._diagnostics(batch, steps)
+        planned = p.update_epochs * -(-B // p.minibatch_size)
         metrics.update(early_stop=float(sched.early_stopped), epochs=float(epochs),
-                       minibatch_steps=float(len(steps)))
+                       minibatch_steps=float(len(steps)), update_fraction=len(steps) / planned)
+        if self.actuation is not None:
+            metrics.update(self.actuation.metrics())
         return UpdateResult(metrics, sched.updates)
 
     def end_iteration(self, batch: Batch) -> tuple[float, list[dict]]:
@@ -194,7 +217,10 @@ class Learner:
             raise FloatingPointError("the PPO loss became non-finite during the update")
         # the objective and value loss were evaluated once, in the steps: read what they used
         s = {k: _concat([r.samples[k] for r in steps]) for k in steps[0].samples}
-        band = self.loss.band
+        policy = self.loss.policy
+        if self.actuation is not None and self.actuation.knob == "clip":
+            policy = _per_sample_eps(policy, steps, self.actuation.used)
+        band = policy.band
         d = policy_diagnostics(cat["logp"], batch.logp[cat["idx"]], s["advantage"], band.eps,
                                band.eps_low, band.eps_high, s.get("beta_t"), s["ratio"])
         d.update(value_loss=s["value_loss"].mean(),
@@ -205,6 +231,16 @@ class Learner:
             if k in cat:
                 d[k] = cat[k].mean()
         return {k: float(v) for k, v in d.items()}
+
+
+def _per_sample_eps(policy: Any, steps: list[StepResult], used: list[float]) -> Any:
+    """A copy of ``policy`` whose band holds, per sample, the eps its step used (the clip
+    actuator moves eps between steps), for the diagnostics."""
+    eps = torch.cat([torch.full((len(r.idx),), e, dtype=torch.float32)
+                     for r, e in zip(steps, used)])
+    out = copy.copy(policy)
+    out.band = dataclasses.replace(policy.band, eps=eps)
+    return out
 
 
 def _concat(parts: list) -> torch.Tensor:

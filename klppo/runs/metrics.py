@@ -22,7 +22,8 @@ NAMESPACES: dict[str, str] = {
     "episode_": "charts", "lr": "charts", "loss": "losses", "value_": "losses",
     "explained_variance": "losses", "entropy": "policy", "kl": "kl", "beta": "kl",
     "ratio_": "policy", "clip_fraction": "policy", "frac_": "policy", "sps": "perf",
-    "time_": "perf", "early_stop": "policy", "approx": "kl",
+    "time_": "perf", "early_stop": "policy", "approx": "kl", "clip_eps": "kl",
+    "actuator_": "kl", "update_fraction": "policy",
 }
 
 

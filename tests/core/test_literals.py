@@ -38,3 +38,13 @@ def test_the_train_config_offers_the_registries():
     assert _names(hints["objective"]) == set(OBJECTIVES)
     assert _names(hints["controller"]) == set(controllers.CONTROLLERS)
     assert _names(hints["shape"]) == set(surrogates.SHAPES)
+
+
+def test_the_actuator_choices_equal_their_registries():
+    from klppo.core.actuators import ACTUATOR_RULES, RuleName
+    from klppo.rl.actuate import ACTUATORS
+    from klppo.rl.config import KLConfig
+
+    hints = typing.get_type_hints(KLConfig)
+    assert _names(RuleName) == _names(hints["actuator_rule"]) == set(ACTUATOR_RULES)
+    assert _names(hints["actuator"]) == set(ACTUATORS)

@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: (preset, flags) of short runs: 4-6 iterations of a few thousand steps each
 CASES = {
     "cartpole": ("klip/cartpole", ["--total-steps", "3072"]),
+    # the adaptive lr goes on from its checkpointed value (rsl_rl #221 restarts it)
+    "cartpole_adaptive_lr": ("klip/cartpole", ["--total-steps", "3072", "--kl.actuator", "lr",
+                                               "--ppo.no-anneal-lr"]),
     "lunarlander": ("klip/lunarlander", ["--total-steps", "8192", "--rollout.num-steps", "128"]),
     "hopper": ("klip/hopper", ["--total-steps", "2560", "--rollout.num-steps", "512"]),
     "ant_v5": ("klip/ant-v5", ["--total-steps", "1280", "--rollout.num-steps", "256"]),

@@ -29,6 +29,8 @@ CASES = {
     "iteration_rollout": ("kl_penalty", {}, K(controller="step", preset="klip")),
     "early_stop_minibatch": ("clip", K(target_kl=0.002, early_stop="minibatch"), {}),
     "early_stop_epoch": ("per_sample_kl", K(target_kl=0.002, early_stop="epoch"), {}),
+    "lr_actuator_rsl_rl": ("clip", K(anneal_lr=False), K(actuator="lr", target=0.005)),
+    "clip_actuator_rl_games": ("clip_kl", {}, K(actuator="clip", actuator_rule="rl_games")),
 }
 
 
@@ -73,6 +75,9 @@ def test_fast_and_torch_backends_agree_on_every_cadence_and_early_stop(tmp_path,
     assert kln == pytest.approx(klt, rel=1e-3, abs=1e-7)
     for k in ("loss", "value_loss", "kl_k3", "frac_kill", "entropy"):
         assert mn[k] == pytest.approx(mt[k], rel=1e-3, abs=1e-6), k
+    if cfg.kl.actuator != "beta":  # the same rule decisions on both backends' KLs
+        knob = "lr" if cfg.kl.actuator == "lr" else "clip_eps"
+        assert mn[knob] == pytest.approx(mt[knob], rel=1e-6) and mn["actuator_updates"] == 80
     if "early_stop" in case:
         assert mt["early_stop"] == 1.0 and mt["epochs"] < cfg.ppo.update_epochs
     else:

@@ -24,7 +24,7 @@ from klppo.rl.marl.collect import MultiCollector
 from klppo.rl.marl.env import ParallelVecEnv
 from klppo.rl.marl.spec import check_multiagent, make_parallel_env
 from klppo.rl.monitor import PerPolicyMonitor
-from klppo.rl.unit import PolicyUnit, episode_means, learning_rate
+from klppo.rl.unit import PolicyUnit, episode_means
 
 __all__ = ["MultiTrainer"]
 
@@ -85,9 +85,7 @@ class MultiTrainer(RunTrainer):
     def phases(self) -> dict[str, Any]:
         cfg = self.cfg
         it = self.iteration + 1
-        lrs = {p: learning_rate(u.cfg, it) for p, u in self.units.items()}
-        for p, u in self.units.items():
-            u.learner.set_lr(lrs[p])
+        lrs = {p: u.start_iteration(it) for p, u in self.units.items()}
         t0 = time.perf_counter()
         stats, lengths = self.collector.collect(it)                            # 1. collect
         self.global_step += cfg.batch_size
