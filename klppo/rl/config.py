@@ -22,14 +22,13 @@ from klppo.runs.ranges import Range, above, at_least, below, check_ranges, withi
 from klppo.runs.typecheck import short_repr
 
 Cadence = Literal["minibatch", "epoch", "iteration"]
+KLMeasure = Literal["last_minibatch", "epoch_mean", "rollout"]
+EarlyStop = Literal["none", "minibatch", "epoch"]
 
 
 def _fraction() -> dict[str, Range]:
     """In ``(0, 1]``."""
     return {"range": Range(0, 1, low_open=True, text="must be in (0, 1]")}
-
-KLMeasure = Literal["last_minibatch", "epoch_mean", "rollout"]
-EarlyStop = Literal["none", "minibatch", "epoch"]
 
 
 @dataclass
@@ -286,7 +285,7 @@ def _validate_numbers(cfg: TrainConfig) -> None:
     if "cov_low" in knobs:
         lo = knobs["cov_low"] if p.cov_low is None else p.cov_low
         hi = knobs["cov_high"] if p.cov_high is None else p.cov_high
-        if not lo < hi:  # type: ignore[operator]
+        if not lo < hi:
             raise _bad("ppo.cov_low", lo, f"must be below ppo.cov_high={hi}")
     if p.early_stop != "none" and p.target_kl is None:
         raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
