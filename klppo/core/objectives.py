@@ -15,10 +15,15 @@ says so once:
 * ``uses_beta`` (reads a controller's beta) and ``needs_kl`` (the caller must pass the analytic
   per-state KL).
 
-The band (``eps``, asymmetric edges, dual clip) and the beta_t shape are small frozen values,
-:class:`Band` and :class:`ShapeSpec`. :data:`OBJECTIVES` is the one table from names to
-objectives; :func:`make_objective` raises for an unknown name. ``tests/nn/numpy/test_step.py``
-generates its parity cases from this table, so a new entry is covered the moment it is added.
+The band (``eps``, asymmetric edges, dual clip), the beta_t shape and the catalogue's own
+settings are small frozen values, :class:`Band`, :class:`ShapeSpec` and :class:`Knobs` (the base
+class and these values live in :mod:`klppo.core.objective_base`). Besides the classic family
+below, the table holds the trust-region catalogue: :mod:`klppo.core.trust_regions` (CISPO, SAPO,
+SPO, the squared log-ratio, DPPO's masks), :mod:`klppo.core.covariance` (Clip-Cov, KL-Cov) and
+:mod:`klppo.core.sequence_objectives` (GSPO, GMPO, trust-region masking).
+:data:`OBJECTIVES` is the one table from names to objectives; :func:`make_objective` raises for
+an unknown name. ``tests/nn/numpy/test_step.py`` generates its parity cases from this table, so a
+new token-level entry is covered the moment it is added (sequence-level ones are refused).
 
 This module uses numpy as well as torch (the closed forms run on numpy arrays).
 """
