@@ -12,7 +12,7 @@ from klppo.core.advantages import gae, normalize_advantage
 from klppo.core.controllers import KLController, make_controller
 from klppo.core.kl import analytic_kl, full_kl, monte_carlo_kl, reduce_kl, sampled_kl
 from klppo.core.loss import PPOLoss
-from klppo.core.objectives import OBJECTIVES, Band, Objective, ShapeSpec, make_objective
+from klppo.core.objectives import OBJECTIVES, Band, Knobs, Objective, ShapeSpec, make_objective
 from klppo.core.surrogates import (
     clip_objective,
     partition,
@@ -35,6 +35,7 @@ __all__ = [
     "PPOLoss",
     "OBJECTIVES",
     "Band",
+    "Knobs",
     "Objective",
     "ShapeSpec",
     "make_objective",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 
@@ -19,17 +19,22 @@ from klppo.core.advantages import NormScope, normalize_advantage
 from klppo.core.band import DEFAULT_EPS
 from klppo.core.diagnostics import policy_diagnostics
 from klppo.core.objectives import (
+    NO_KNOBS,
     OBJECTIVES,
     Band,
+    Knobs,
     Objective,
     PolicyTerm,
     ShapeSpec,
     make_objective,
 )
+from klppo.core.sequence_objectives import SequenceObjective
 from klppo.core.surrogates import Shape
 from klppo.core.values import ValueLossKind, explained_variance, value_loss
 
-ObjectiveName = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl"]
+ObjectiveName = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl", "cispo",
+                        "sapo", "spo", "sq_log_ratio", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov",
+                        "gspo", "gmpo", "trm"]
 KLEstimatorChoice = Literal["analytic", "k1", "k2", "k3", "abs", "k3_flipped", "tutorial"]
 
 __all__ = ["ObjectiveName", "PPOLoss", "PolicyTerm", "OBJECTIVES", "PER_SAMPLE"]
@@ -50,9 +55,12 @@ class PPOLoss:
         objective: a name of :data:`~klppo.core.objectives.OBJECTIVES` - ``clip`` (PPO-Clip),
             ``per_sample_kl`` (KLip-PPO template, any beta_t shape), ``kl_penalty`` (PPO-KL,
             scalar beta), ``unclipped`` (plain importance sampling) or ``clip_kl`` (PPO-Clip
-            plus a scalar KL penalty: RLlib's default) - built with the band, shape and
-            estimator arguments below; or an :class:`~klppo.core.objectives.Objective`, which
-            then carries those itself.
+            plus a scalar KL penalty: RLlib's default), or one of the trust-region catalogue
+            (``cispo``, ``sapo``, ``spo``, ``sq_log_ratio``, ``dppo_tv``, ``dppo_kl``,
+            ``clip_cov``, ``kl_cov``; sequence-level ``gspo``, ``gmpo``, ``trm``: see
+            docs/algorithms.md) - built with the band, shape, estimator and knob arguments
+            below; or an :class:`~klppo.core.objectives.Objective`, which then carries those
+            itself.
         eps: clip radius (typical 0.1-0.3). eps_low / eps_high: asymmetric band.
         dual_clip: ``c > 1`` enables the dual clip for A < 0 (clip objectives and templates).
         shape: beta_t shape for ``per_sample_kl`` (see :mod:`klppo.core.surrogates`), or a
@@ -61,6 +69,8 @@ class PPOLoss:
         kl_estimator: the per-sample KL for ``kl_penalty`` / ``clip_kl``: ``analytic`` (the
             caller passes ``kl``, the closed-form KL(pi_old || pi_new) per state) or a sampled
             estimator computed from ``logp_old`` and ``logp_new``.
+        knobs: the catalogue objectives' own settings (:class:`~klppo.core.objectives.Knobs`;
+            None fields take the objective's defaults).
         vf_coef: weight of the critic loss (typical 0.5). value_loss: ``l2``, ``l1``,
             ``smooth_l1``. value_clip: PPO value clipping radius or None.
         ent_coef: entropy bonus weight (typical 0-0.01).
@@ -85,6 +95,7 @@ class PPOLoss:
         value_clip: float | None = 0.2,
         ent_coef: float = 0.0,
         normalize_advantage: NormScope = "rollout",
+        knobs: Knobs = NO_KNOBS,
     ) -> None:
         if isinstance(objective, Objective):
             self.policy = objective
@@ -93,7 +104,7 @@ class PPOLoss:
             band = Band(eps, eps_low, eps_high, dual_clip)
             self.policy = make_objective(objective, band,
                                          ShapeSpec(shape, softness, softness_low, softness_high),
-                                         kl_estimator)
+                                         kl_estimator, knobs)
         if normalize_advantage not in ("rollout", "minibatch", "none"):
             raise ValueError(f"normalize_advantage must be rollout, minibatch or none, "
                              f"got normalize_advantage={normalize_advantage!r}")
@@ -143,6 +154,7 @@ class PPOLoss:
         beta: float = 0.0,
         diagnostics: bool = True,
         per_sample: bool = False,
+        sequence_ids: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Loss terms and diagnostics for one minibatch of ``B`` samples.
 
@@ -159,6 +171,8 @@ class PPOLoss:
                 once per iteration over all minibatches passes False).
             per_sample: also return the detached per-sample quantities of :data:`PER_SAMPLE`
                 as ``per_sample/<name>`` (for such a loop's diagnostics).
+            sequence_ids: ``[B]`` int, the sequence each sample (token) belongs to; needed by
+                the sequence-level objectives (``level == "sequence"``), ignored by the others.
 
         Returns:
             ``loss`` (to minimise), ``loss_objective``, ``loss_critic``, ``loss_entropy`` and
@@ -174,8 +188,13 @@ class PPOLoss:
         logp_old = logp_old.detach()
         ratio = torch.exp(logp_new - logp_old)
         # clip's beta_t is only a diagnostic: computed when diagnostics are asked for
-        term = self.policy.term(ratio, logp_new, logp_old, adv, kl, beta,
-                                want_beta=diagnostics or per_sample)
+        if self.policy.level == "sequence":
+            term = cast(SequenceObjective, self.policy).term(
+                ratio, logp_new, logp_old, adv, kl, beta, want_beta=diagnostics or per_sample,
+                sequence_ids=sequence_ids)
+        else:
+            term = self.policy.term(ratio, logp_new, logp_old, adv, kl, beta,
+                                    want_beta=diagnostics or per_sample)
         zero = logp_new.new_zeros(())
         out: dict[str, torch.Tensor] = {"loss_objective": -term.objective.mean()}
         diag: dict[str, torch.Tensor] = {}

@@ -15,203 +15,43 @@ says so once:
 * ``uses_beta`` (reads a controller's beta) and ``needs_kl`` (the caller must pass the analytic
   per-state KL).
 
-The band (``eps``, asymmetric edges, dual clip) and the beta_t shape are small frozen values,
-:class:`Band` and :class:`ShapeSpec`. :data:`OBJECTIVES` is the one table from names to
-objectives; :func:`make_objective` raises for an unknown name. ``tests/nn/numpy/test_step.py``
-generates its parity cases from this table, so a new entry is covered the moment it is added.
+The band (``eps``, asymmetric edges, dual clip), the beta_t shape and the catalogue's own
+settings are small frozen values, :class:`Band`, :class:`ShapeSpec` and :class:`Knobs` (the base
+class and these values live in :mod:`klppo.core.objective_base`). Besides the classic family
+below, the table holds the trust-region catalogue: :mod:`klppo.core.trust_regions` (CISPO, SAPO,
+SPO, the squared log-ratio, DPPO's masks), :mod:`klppo.core.covariance` (Clip-Cov, KL-Cov) and
+:mod:`klppo.core.sequence_objectives` (GSPO, GMPO, trust-region masking).
+:data:`OBJECTIVES` is the one table from names to objectives; :func:`make_objective` raises for
+an unknown name. ``tests/nn/numpy/test_step.py`` generates its parity cases from this table, so a
+new token-level entry is covered the moment it is added (sequence-level ones are refused).
 
 This module uses numpy as well as torch (the closed forms run on numpy arrays).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, cast
-
-import numpy as np
-import torch
-
-from klppo.core.band import DEFAULT_EPS, kill_mask
-from klppo.core.kl import ESTIMATOR_GRADS, ESTIMATORS, Estimator, sampled_kl
-from klppo.core.surrogates import (
-    SHAPES,
-    ShapeLike,
-    clip_objective,
-    kl_penalty_objective,
-    per_sample_beta,
-    unclipped_objective,
+from klppo.core.covariance import COVARIANCE
+from klppo.core.objective_base import (
+    _CLIP,
+    BAND_KNOBS,
+    DEFAULT_BAND,
+    DEFAULT_SHAPE,
+    KL_ESTIMATOR_CHOICES,
+    NO_KNOBS,
+    Band,
+    ClosedForm,
+    Knobs,
+    NoClosedForm,
+    Objective,
+    PolicyTerm,
+    ShapeSpec,
 )
+from klppo.core.sequence_objectives import SEQUENCE_LEVEL
+from klppo.core.surrogates import clip_objective, kl_penalty_objective, unclipped_objective
+from klppo.core.trust_regions import TOKEN_LEVEL
 
-__all__ = ["Band", "ShapeSpec", "PolicyTerm", "ClosedForm", "NoClosedForm", "Objective",
-           "OBJECTIVES", "KL_ESTIMATOR_CHOICES", "make_objective"]
-
-#: what a penalty objective may use as its per-sample KL(pi_old || pi_new)
-KL_ESTIMATOR_CHOICES: tuple[str, ...] = ("analytic", *ESTIMATORS)
-
-
-@dataclass(frozen=True)
-class Band:
-    """The trust band ``[1 - lo, 1 + hi]`` of the ratio, and the dual clip ``c > 1`` (or None).
-
-    ``eps`` is the symmetric radius; ``eps_low`` / ``eps_high`` override one side (DAPO: 0.2 /
-    0.28). Radii may be floats or per-sample tensors (position-aware clipping)."""
-
-    eps: Any = DEFAULT_EPS
-    eps_low: Any = None
-    eps_high: Any = None
-    dual_clip: float | None = None
-
-    @property
-    def lo(self) -> Any:
-        return self.eps if self.eps_low is None else self.eps_low
-
-    @property
-    def hi(self) -> Any:
-        return self.eps if self.eps_high is None else self.eps_high
-
-    @property
-    def is_scalar(self) -> bool:
-        return not any(isinstance(e, torch.Tensor) for e in (self.eps, self.eps_low,
-                                                              self.eps_high))
-
-
-@dataclass(frozen=True)
-class ShapeSpec:
-    """A beta_t shape of the per-sample template and its softness (see
-    :mod:`klppo.core.surrogates`): a name of :data:`~klppo.core.surrogates.SHAPES` or a callable
-    ``(ratio, advantage) -> beta_t``."""
-
-    name: ShapeLike = "clip"
-    softness: Any = None
-    softness_low: Any = None
-    softness_high: Any = None
-
-
-@dataclass(frozen=True)
-class PolicyTerm:
-    """An objective's torch output: per-sample values to maximise, beta_t where defined (and
-    asked for), and the per-sample KL the penalty used."""
-
-    objective: torch.Tensor
-    beta_t: torch.Tensor | None
-    kl: torch.Tensor | None
-
-
-@dataclass
-class ClosedForm:
-    """An objective in closed form on numpy arrays (per sample): ``value`` to maximise,
-    ``d_logp`` = d value / d logp_new, ``d_kl`` = d value / d analytic KL (None when the
-    analytic KL is not used), ``penalty`` (the per-sample KL the penalty used, or None) and
-    ``beta_t`` (the detached per-sample coefficient, None where the objective has none)."""
-
-    value: np.ndarray
-    d_logp: np.ndarray
-    d_kl: np.ndarray | None
-    penalty: np.ndarray | None
-    beta_t: np.ndarray | None = None
-
-
-class NoClosedForm(NotImplementedError):
-    """The objective has no closed-form derivative: the numpy fast path cannot serve it."""
-
-
-def _clip_beta_np(w: np.ndarray, a: np.ndarray, wa: np.ndarray, band: Band) -> np.ndarray:
-    """The clip shape's beta_t (``-w A`` on the kill set, else 0) on numpy arrays; equal bit for
-    bit to :func:`~klppo.core.surrogates.per_sample_beta` (edges compared in float32 by both)."""
-    kill = kill_mask(w, a, band.lo, band.hi)
-    if band.dual_clip is not None:
-        kill |= (a < 0) & (w > band.dual_clip)
-    return np.where(kill, -wa, np.float32(0))
-
-
-class Objective:
-    """Base of the PPO objectives; see the module docstring. Subclasses set ``name`` and
-    ``uses_beta``, implement :meth:`term` and, where they can, :meth:`closed_form`."""
-
-    name: ClassVar[str] = ""
-    uses_beta: ClassVar[bool] = False
-    penalised: ClassVar[bool] = False  # subtracts beta * KL (so its kl_estimator matters)
-    shaped: ClassVar[bool] = False  # its beta_t follows ``shape`` (so the shape matters)
-    clipped: ClassVar[bool] = True  # it reads the band (eps, eps_low/high, dual_clip)
-
-    def __init__(self, band: Band = Band(), shape: ShapeSpec = ShapeSpec(),
-                 kl_estimator: str = "analytic") -> None:
-        if kl_estimator not in KL_ESTIMATOR_CHOICES:
-            raise ValueError(f"kl_estimator must be one of {list(KL_ESTIMATOR_CHOICES)}, got "
-                             f"kl_estimator={kl_estimator!r}")
-        if not callable(shape.name) and shape.name not in SHAPES:
-            raise ValueError(f"shape must be one of {list(SHAPES)}, got shape={shape.name!r}")
-        self.band, self.shape, self.kl_estimator = band, shape, kl_estimator
-
-    @property
-    def needs_kl(self) -> bool:
-        """True when the caller must pass the analytic per-state KL(pi_old || pi_new)."""
-        return self.penalised and self.kl_estimator == "analytic"
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.band}, {self.shape}, {self.kl_estimator!r})"
-
-    # ------------------------------------------------------------------ torch
-    def term(self, ratio, logp_new, logp_old, advantage, kl, beta, want_beta=True) -> PolicyTerm:
-        raise NotImplementedError
-
-    def beta_t(self, ratio: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor | None:
-        """Detached per-sample beta_t of the template form, or None where it has none."""
-        return None
-
-    def _shape_beta(self, ratio, advantage, shape: ShapeSpec) -> torch.Tensor:
-        b = self.band
-        return per_sample_beta(ratio, advantage, b.eps, shape.name, shape.softness, b.eps_low,
-                               b.eps_high, shape.softness_low, shape.softness_high, b.dual_clip)
-
-    def _penalty_kl(self, logp_new, logp_old, kl) -> torch.Tensor:
-        if self.kl_estimator == "analytic":
-            if kl is None:
-                raise ValueError(
-                    f"objective {self.name!r} with kl_estimator='analytic' needs kl= (the "
-                    "per-state analytic KL(pi_old || pi_new)); pass it or choose a sampled "
-                    "estimator")
-            return kl
-        return sampled_kl(logp_old, logp_new, cast(Estimator, self.kl_estimator))
-
-    # ------------------------------------------------------------------ numpy
-    def closed_form(self, w, a, wa, logp, log_w, kl, beta: float) -> ClosedForm:
-        """Value and derivatives on float32 arrays: ``w`` ratio, ``a`` advantage, ``wa = w a``,
-        ``logp`` = logp_new, ``log_w`` = logp_new - logp_old, ``kl`` the analytic KL."""
-        raise NoClosedForm(f"objective {self.name!r} has no closed-form derivative")
-
-    @property
-    def has_closed_form(self) -> bool:
-        return type(self).closed_form is not Objective.closed_form
-
-    def _shape_beta_np(self, w, a, wa, shape: ShapeSpec) -> np.ndarray:
-        if shape.name == "clip" and self.band.is_scalar:
-            return _clip_beta_np(w, a, wa, self.band)
-        with torch.no_grad():  # the core's shapes, on zero-copy views
-            return self._shape_beta(torch.from_numpy(w), torch.from_numpy(np.asarray(a)),
-                                    shape).numpy()
-
-    def _clip_value_np(self, w, a, wa) -> np.ndarray:
-        lo, hi = self.band.lo, self.band.hi
-        value = np.minimum(wa, np.minimum(np.maximum(w, 1 - lo), 1 + hi) * a)
-        if self.band.dual_clip is not None:
-            value = np.where(a < 0, np.maximum(value, self.band.dual_clip * a), value)
-        return value
-
-    def _penalise_np(self, form: ClosedForm, log_w, kl, beta: float) -> ClosedForm:
-        """Subtract ``beta * KL`` from a closed form (analytic or sampled estimator)."""
-        b = np.float32(beta)
-        if self.kl_estimator == "analytic":
-            pen = kl
-            form.d_kl = np.full(kl.shape[0], -b, np.float32)
-        else:
-            pen = ESTIMATORS[self.kl_estimator](log_w)
-            form.d_logp = form.d_logp - b * ESTIMATOR_GRADS[self.kl_estimator](log_w)
-        form.value, form.penalty = form.value - b * pen, pen
-        return form
-
-
-_CLIP = ShapeSpec("clip")
+__all__ = ["Band", "ShapeSpec", "Knobs", "PolicyTerm", "ClosedForm", "NoClosedForm", "Objective",
+           "OBJECTIVES", "KL_ESTIMATOR_CHOICES", "BAND_KNOBS", "NO_KNOBS", "make_objective"]
 
 
 class Clip(Objective):
@@ -228,7 +68,7 @@ class Clip(Objective):
     def beta_t(self, ratio, advantage):
         return self._shape_beta(ratio, advantage, _CLIP)
 
-    def closed_form(self, w, a, wa, logp, log_w, kl, beta):
+    def closed_form(self, w, a, wa, logp, log_w, kl, beta, logp_old=None):
         bt = self._shape_beta_np(w, a, wa, _CLIP)
         return ClosedForm(self._clip_value_np(w, a, wa), wa + bt, None, None, bt)
 
@@ -246,7 +86,7 @@ class PerSampleKL(Objective):
     def beta_t(self, ratio, advantage):
         return self._shape_beta(ratio, advantage, self.shape)
 
-    def closed_form(self, w, a, wa, logp, log_w, kl, beta):
+    def closed_form(self, w, a, wa, logp, log_w, kl, beta, logp_old=None):
         bt = self._shape_beta_np(w, a, wa, self.shape)
         return ClosedForm(wa + bt * logp, wa + bt, None, None, bt)
 
@@ -256,13 +96,13 @@ class KLPenalty(Objective):
 
     name = "kl_penalty"
     uses_beta = penalised = True
-    clipped = False
+    band_knobs = ()
 
     def term(self, ratio, logp_new, logp_old, advantage, kl, beta, want_beta=True):
         k = self._penalty_kl(logp_new, logp_old, kl)
         return PolicyTerm(kl_penalty_objective(ratio, advantage, k, beta), None, k)
 
-    def closed_form(self, w, a, wa, logp, log_w, kl, beta):
+    def closed_form(self, w, a, wa, logp, log_w, kl, beta, logp_old=None):
         return self._penalise_np(ClosedForm(wa.copy(), wa.copy(), None, None), log_w, kl, beta)
 
 
@@ -270,12 +110,12 @@ class Unclipped(Objective):
     """Plain importance sampling ``w A`` (no trust region)."""
 
     name = "unclipped"
-    clipped = False
+    band_knobs = ()
 
     def term(self, ratio, logp_new, logp_old, advantage, kl, beta, want_beta=True):
         return PolicyTerm(unclipped_objective(ratio, advantage), None, None)
 
-    def closed_form(self, w, a, wa, logp, log_w, kl, beta):
+    def closed_form(self, w, a, wa, logp, log_w, kl, beta, logp_old=None):
         return ClosedForm(wa.copy(), wa.copy(), None, None)
 
 
@@ -295,24 +135,29 @@ class ClipKL(Objective):
     def beta_t(self, ratio, advantage):
         return self._shape_beta(ratio, advantage, _CLIP)
 
-    def closed_form(self, w, a, wa, logp, log_w, kl, beta):
+    def closed_form(self, w, a, wa, logp, log_w, kl, beta, logp_old=None):
         bt = self._shape_beta_np(w, a, wa, _CLIP)
         form = ClosedForm(self._clip_value_np(w, a, wa), wa + bt, None, None, bt)
         return self._penalise_np(form, log_w, kl, beta)
 
 
-#: objective name -> class. The only dispatch on objective names in klppo.
+#: objective name -> class. The only dispatch on objective names in klppo: the classic family
+#: above, the token-level catalogue (:mod:`~klppo.core.trust_regions`,
+#: :mod:`~klppo.core.covariance`) and the sequence-level one
+#: (:mod:`~klppo.core.sequence_objectives`).
 OBJECTIVES: dict[str, type[Objective]] = {
-    cls.name: cls for cls in (Clip, PerSampleKL, KLPenalty, Unclipped, ClipKL)
+    cls.name: cls for cls in (Clip, PerSampleKL, KLPenalty, Unclipped, ClipKL, *TOKEN_LEVEL,
+                              *COVARIANCE, *SEQUENCE_LEVEL)
 }
 
 
-def make_objective(name: str, band: Band = Band(), shape: ShapeSpec = ShapeSpec(),
-                   kl_estimator: str = "analytic") -> Objective:
-    """The objective called ``name``; ValueError naming the choices for an unknown one."""
+def make_objective(name: str, band: Band = DEFAULT_BAND, shape: ShapeSpec = DEFAULT_SHAPE,
+                   kl_estimator: str = "analytic", knobs: Knobs = NO_KNOBS) -> Objective:
+    """The objective called ``name``; ValueError naming the choices for an unknown one, or a
+    knob it does not read."""
     try:
         cls = OBJECTIVES[name]
     except (KeyError, TypeError):
         raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got "
                          f"objective={name!r}") from None
-    return cls(band, shape, kl_estimator)
+    return cls(band, shape, kl_estimator, knobs)

@@ -242,19 +242,22 @@ def check_envs(plans: list[RunPlan]) -> None:
     """Every environment of the sweep can be trained (its extra installed, spaces klppo
     handles), checked once per env; a sweep calls it before it makes any directory (planning
     with :func:`expand` alone needs no environment installed)."""
+    from klppo.core.objectives import OBJECTIVES
     from klppo.rl.envs import check_env
     from klppo.rl.marl.spec import check_multiagent, is_multiagent
 
-    seen: set[str] = set()
-    for plan in plans:
-        if plan.config.env in seen:
+    seen: set[tuple[str, bool]] = set()
+    for plan in plans:  # an env once (twice if some objective needs discrete actions)
+        cls = OBJECTIVES.get(plan.config.objective)
+        key = (plan.config.env, bool(cls and cls.needs_probabilities))
+        if key in seen:
             continue
-        seen.add(plan.config.env)
+        seen.add(key)
         try:
             if is_multiagent(plan.config.env):
                 check_multiagent(plan.config)
             else:
-                check_env(plan.config.env)
+                check_env(plan.config.env, plan.config.objective)
         except ValueError as e:  # EnvError, ConfigError: one line naming the env
             raise C.ConfigError(f"condition {plan.condition}: {e}") from None
 

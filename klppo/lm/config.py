@@ -9,18 +9,24 @@ from typing import Any, Literal, get_args
 from klppo.core.controllers import ControllerName
 from klppo.core.kl_gradient_claims import claimed, gradient_warning
 from klppo.core.kl_gradients import Combination
+from klppo.core.loss import ObjectiveName
+from klppo.core.objective_base import BAND_KNOBS, KNOB_NAMES, Knobs
 from klppo.runs.configfile import field_hints, overlay
 from klppo.runs.device import resolve_device
 from klppo.runs.errors import ConfigError
-from klppo.runs.ranges import above, at_least, below, check_ranges, within
+from klppo.runs.ranges import Range, above, at_least, below, check_ranges, within
 from klppo.runs.typecheck import TypeCheckError, check_value
 
 KLEstimatorLM = Literal["k1", "k3", "full", "k3_flipped", "tutorial"]
 KLPlacement = Literal["reward", "loss"]
 KLUnitLM = Literal["per_sequence_sum", "per_token_mean", "per_token_mean_all"]
 
-__all__ = ["RLHFConfig", "ConfigError", "validate_rlhf", "config_from_dict",
+__all__ = ["RLHFConfig", "ConfigError", "validate_rlhf", "config_from_dict", "objective_knobs",
            "kl_gradient_combination", "kl_gradient_warning"]
+
+
+def _fraction() -> dict[str, Range]:
+    return {"range": Range(0, 1, low_open=True, text="must be in (0, 1]")}
 
 
 @dataclass
@@ -79,7 +85,31 @@ class RLHFConfig:
     lr: float = field(default=1e-4, metadata=above(0))
     """Adam learning rate of the policy and value head"""
     eps: float = field(default=0.2, metadata=above(0))
-    """PPO clip radius"""
+    """PPO clip radius (the band of every objective that has one)"""
+    objective: ObjectiveName = "clip"
+    """the policy objective (docs/algorithms.md): clip, per_sample_kl, unclipped; cispo, sapo,
+    spo, sq_log_ratio, dppo_tv, dppo_kl, clip_cov, kl_cov; sequence-level gspo, gmpo, trm"""
+    eps_low: float | None = field(default=None, metadata=above(0))
+    """lower band radius (None: eps); gmpo: log-space radius"""
+    eps_high: float | None = field(default=None, metadata=above(0))
+    """upper band radius (None: eps; DAPO 0.28; GSPO's paper 4e-4 with eps_low 3e-4)"""
+    tau_pos: float | None = field(default=None, metadata=above(0))
+    """sapo: gate temperature where A > 0 (None: the paper's 1.0)"""
+    tau_neg: float | None = field(default=None, metadata=above(0))
+    """sapo: gate temperature where A < 0 (None: the paper's 1.05)"""
+    tau: float | None = field(default=None, metadata=above(0))
+    """sq_log_ratio: coefficient of (log w)^2 / 2 (None: 1.0)"""
+    delta: float | None = field(default=None, metadata=above(0))
+    """dppo_tv: probability difference (0.15); dppo_kl: binary KL, nats (0.05); trm: max token
+    k2, nats (0.05)"""
+    cov_fraction: float | None = field(default=None, metadata=_fraction())
+    """clip_cov / kl_cov: share of a minibatch's tokens selected (None: 2e-4 / 2e-3)"""
+    cov_low: float | None = None
+    """clip_cov: covariance window's lower end (None: 1.0)"""
+    cov_high: float | None = None
+    """clip_cov: covariance window's upper end (None: 5.0)"""
+    kl_cov_coef: float | None = field(default=None, metadata=above(0))
+    """kl_cov: coefficient of |log w| on the selected tokens (None: 1.0)"""
     value_clip: float = field(default=0.2, metadata=above(0))
     """value clipping radius"""
     vf_coef: float = field(default=0.1, metadata=at_least(0, integer=False))
@@ -147,9 +177,34 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     if not (c.monitor_high > 1 and 0 < c.monitor_low < 1 and c.monitor_patience >= 1):
         raise _bad("monitor_high/low/patience", (c.monitor_high, c.monitor_low,
                    c.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
+    _check_objective(c)
     _check_reward(c.reward)
     _check_device(c.device)
     return c
+
+
+def objective_knobs(c: RLHFConfig) -> Knobs:
+    """The objective's own settings from the config."""
+    return Knobs(**{k: getattr(c, k) for k in KNOB_NAMES})
+
+
+def _check_objective(c: RLHFConfig) -> None:
+    """An objective that needs a controller's beta, and settings the objective would ignore,
+    are refused."""
+    from klppo.core.objectives import OBJECTIVES, Band, make_objective
+
+    cls = OBJECTIVES[c.objective]
+    if cls.uses_beta:
+        raise _bad("objective", c.objective, "its beta would be the reference KL's (kl_placement "
+                   "prices that); use kl_placement loss for a KL term in the loss")
+    for name in (*BAND_KNOBS[:2], *KNOB_NAMES):
+        value = getattr(c, name)
+        if value is not None and name not in cls.band_knobs and name not in cls.knobs:
+            raise _bad(name, value, f"objective={c.objective!r} would ignore it")
+    try:
+        make_objective(c.objective, Band(c.eps, c.eps_low, c.eps_high), knobs=objective_knobs(c))
+    except ValueError as e:
+        raise ConfigError(f"objective={c.objective!r}: {e}") from None
 
 
 def _check_device(name: str) -> None:

@@ -31,7 +31,13 @@ from klppo.core.kl import NOT_KL, per_sequence_sum, per_token_mean, sampled_kl
 from klppo.core.kl_gradient_claims import KLGradientWarning
 from klppo.core.loss import PPOLoss
 from klppo.core.monitor import KLMonitor
-from klppo.lm.config import ConfigError, RLHFConfig, kl_gradient_warning, validate_rlhf
+from klppo.lm.config import (
+    ConfigError,
+    RLHFConfig,
+    kl_gradient_warning,
+    objective_knobs,
+    validate_rlhf,
+)
 from klppo.lm.model import PolicyWithValue, frozen_reference, load_lm
 from klppo.lm.pretrain import encode, perplexity
 from klppo.lm.reward import RewardFn, checked, make_reward
@@ -138,8 +144,10 @@ class Experiment:
                                            if cfg.controller == "proportional" else {}))
         except ValueError as e:
             raise ConfigError(f"controller={cfg.controller!r}: {e}") from None
-        self.loss = PPOLoss("clip", eps=cfg.eps, vf_coef=cfg.vf_coef, value_clip=cfg.value_clip,
-                            normalize_advantage="none")
+        self.loss = PPOLoss(cfg.objective, eps=cfg.eps, eps_low=cfg.eps_low,
+                            eps_high=cfg.eps_high, vf_coef=cfg.vf_coef,
+                            value_clip=cfg.value_clip, normalize_advantage="none",
+                            knobs=objective_knobs(cfg))
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         self.train_ids, self.held_ids = corpus_ids(self.tok)
@@ -311,7 +319,8 @@ class Experiment:
                 cur = score_sequences(self.policy, None, prompts[idx], responses[idx], grad=True)
                 mk = mask[idx]
                 out = self.loss(cur["logp"][mk], logp_old[idx][mk], adv[idx][mk],
-                                cur["values"][mk], ret[idx][mk], v_old[idx][mk])
+                                cur["values"][mk], ret[idx][mk], v_old[idx][mk],
+                                sequence_ids=mk.nonzero()[:, 0])  # each token's sequence
                 loss = out["loss"]
                 if c.kl_placement == "loss":  # GRPO: beta * k3(policy || reference) per token
                     kl_loss = sampled_kl(cur["logp"][mk], logp_ref[idx][mk], "k3").mean()

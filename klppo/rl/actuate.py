@@ -89,9 +89,9 @@ def _check_exclusive(cfg: Any) -> None:
                    "--ppo.no-anneal-lr")
     if k.actuator == "clip":
         objective = OBJECTIVES.get(cfg.objective)
-        if objective is not None and not objective.clipped:
+        if objective is not None and not objective.band_knobs:
             raise _bad("kl.actuator", "clip", f"objective={cfg.objective!r} has no clip band "
-                       f"to drive (a clip objective: clip, per_sample_kl, clip_kl)")
+                       f"to drive (an objective with one: clip, per_sample_kl, clip_kl, ...)")
         for name, value in (("ppo.eps_low", p.eps_low), ("ppo.eps_high", p.eps_high)):
             if value is not None:
                 raise _bad(name, value, "kl.actuator=clip moves the symmetric radius ppo.eps; "

@@ -101,22 +101,32 @@ def _check_marl(cfg: Any) -> None:
 def _check_applies(cfg: Any) -> None:
     """A setting the chosen objective never reads would be ignored: refused instead."""
     from klppo.core.loss import OBJECTIVES
+    from klppo.core.objective_base import KNOB_NAMES
 
     objective, p = OBJECTIVES.get(cfg.objective), cfg.ppo
     if objective is None:
         return  # an unknown objective is refused by the config's own checks
+    if objective.level == "sequence":
+        raise _bad("objective", cfg.objective, "is sequence-level (it needs the tokens of "
+                   "whole sequences): only the language-model loop runs it (klppo rlhf)")
     if not objective.shaped:
         for name, value, default in (("ppo.shape", p.shape, "clip"),
                                      ("ppo.softness", p.softness, None)):
             if value != default:
                 raise _bad(name, value, f"only per_sample_kl follows a beta_t shape; "
                            f"objective={cfg.objective!r} would ignore it")
-    if not objective.clipped:
-        for name, value in (("ppo.dual_clip", p.dual_clip), ("ppo.eps_low", p.eps_low),
-                            ("ppo.eps_high", p.eps_high)):
-            if value is not None:
-                raise _bad(name, value, f"objective={cfg.objective!r} has no clip band, so it "
-                           f"would ignore it")
+    for name in ("dual_clip", "eps_low", "eps_high"):
+        value = getattr(p, name)
+        if value is not None and name not in objective.band_knobs:
+            why = "has no clip band" if not objective.band_knobs else f"does not read {name}"
+            raise _bad(f"ppo.{name}", value, f"objective={cfg.objective!r} {why}, so it would "
+                       f"ignore it")
+    for name in KNOB_NAMES:
+        value = getattr(p, name)
+        if value is not None and name not in objective.knobs:
+            readers = [n for n, c in OBJECTIVES.items() if name in c.knobs]
+            raise _bad(f"ppo.{name}", value, f"objective={cfg.objective!r} would ignore it "
+                       f"(read by {', '.join(readers)})")
     if p.target_kl is not None and p.early_stop == "none":
         raise _bad("ppo.target_kl", p.target_kl, "only the KL early stop reads it: set "
                    "ppo.early_stop minibatch or epoch (a controller's target is kl.target)")

@@ -20,13 +20,18 @@ from klppo.rl import bounds
 from klppo.rl.actuate import check_actuator
 from klppo.runs.configfile import overlay
 from klppo.runs.errors import ConfigError
-from klppo.runs.ranges import above, at_least, below, check_ranges, within
+from klppo.runs.ranges import Range, above, at_least, below, check_ranges, within
 from klppo.runs.typecheck import short_repr
 
 Cadence = Literal["minibatch", "epoch", "iteration"]
 KLMeasure = Literal["last_minibatch", "epoch_mean", "rollout"]
 EarlyStop = Literal["none", "minibatch", "epoch"]
 Actuator = Literal["beta", "lr", "clip"]
+
+
+def _fraction() -> dict[str, Range]:
+    """In ``(0, 1]``."""
+    return {"range": Range(0, 1, low_open=True, text="must be in (0, 1]")}
 
 
 @dataclass
@@ -67,6 +72,22 @@ class PPOConfig:
     """softness s of the soft shapes (typical 0.02-0.2)"""
     kl_estimator: KLEstimatorChoice = "analytic"
     """KL of kl_penalty / clip_kl: analytic, k1, k2, k3, abs; k3_flipped, tutorial (not the KL)"""
+    tau_pos: float | None = field(default=None, metadata=above(0))
+    """sapo: gate temperature where A > 0 (None: the paper's 1.0)"""
+    tau_neg: float | None = field(default=None, metadata=above(0))
+    """sapo: gate temperature where A < 0 (None: the paper's 1.05)"""
+    tau: float | None = field(default=None, metadata=above(0))
+    """sq_log_ratio: coefficient of (log w)^2 / 2 (None: 1.0)"""
+    delta: float | None = field(default=None, metadata=above(0))
+    """dppo_tv: probability difference (None: 0.15); dppo_kl: binary KL in nats (None: 0.05)"""
+    cov_fraction: float | None = field(default=None, metadata=_fraction())
+    """clip_cov / kl_cov: share of a minibatch's samples selected (None: 2e-4 / 2e-3)"""
+    cov_low: float | None = None
+    """clip_cov: covariance window's lower end (None: 1.0)"""
+    cov_high: float | None = None
+    """clip_cov: covariance window's upper end (None: 5.0)"""
+    kl_cov_coef: float | None = field(default=None, metadata=above(0))
+    """kl_cov: coefficient of |log w| on the selected samples (None: 1.0)"""
     gamma: float = field(default=0.99, metadata=within(0, 1))
     """discount factor"""
     gae_lambda: float = field(default=0.95, metadata=within(0, 1))
@@ -197,7 +218,8 @@ class TrainConfig:
     """Gymnasium environment id, module:EnvId to import a user's module first, or
     pettingzoo:MODULE for a multi-agent PettingZoo parallel env (MODULE.parallel_env)"""
     objective: ObjectiveName = "clip"
-    """clip, per_sample_kl, kl_penalty, unclipped, clip_kl (klppo.core.objectives.OBJECTIVES)"""
+    """clip, per_sample_kl, kl_penalty, unclipped, clip_kl; cispo, sapo, spo, sq_log_ratio,
+    dppo_tv, dppo_kl, clip_cov, kl_cov (docs/algorithms.md; gspo, gmpo, trm: LM loop only)"""
     seed: int = field(default=0, metadata=below(2**32, text="must be an integer in [0, 2**32)"))
     """seed of the networks, the environments, action sampling and minibatch order"""
     total_steps: int = field(default=100_000, metadata=at_least(1))
@@ -274,6 +296,12 @@ def _validate_choices(cfg: TrainConfig) -> None:
 def _validate_numbers(cfg: TrainConfig) -> None:
     """What a field's own range cannot say: relations between fields."""
     p = cfg.ppo
+    knobs = OBJECTIVES[cfg.objective].knobs
+    if "cov_low" in knobs:
+        lo = knobs["cov_low"] if p.cov_low is None else p.cov_low
+        hi = knobs["cov_high"] if p.cov_high is None else p.cov_high
+        if not lo < hi:
+            raise _bad("ppo.cov_low", lo, f"must be below ppo.cov_high={hi}")
     if p.early_stop != "none" and p.target_kl is None:
         raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
 

@@ -121,9 +121,11 @@ class CartPoleSameStep(gym.vector.VectorWrapper):
         return RestoreReport()
 
 
-def check_env(env_id: str) -> str:
+def check_env(env_id: str, objective: str | None = None) -> str:
     """Resolve ``env_id`` and import its implementation without creating it, so an unknown id
-    (close matches) or a missing extra (the pip command) fails before a run starts."""
+    (close matches) or a missing extra (the pip command) fails before a run starts; then make
+    it once to check its spaces (and, for an ``objective`` that reads ``exp(logp)`` as a
+    probability, that its actions are discrete)."""
     from gymnasium.envs.registration import load_env_creator
 
     env_id = _resolve_id(env_id)
@@ -136,7 +138,7 @@ def check_env(env_id: str) -> str:
         except Exception as e:  # noqa: BLE001 - e.g. MUJOCO_GL naming a GL library not present
             raise EnvError(f"env={env_id!r}: importing its implementation failed "
                            f"({type(e).__name__}: {e})") from None
-    _check_env_spaces(env_id)
+    _check_env_spaces(env_id, objective)
     return env_id
 
 
@@ -155,7 +157,19 @@ def space_problem(obs_space: Any, act_space: Any) -> str | None:
     return None
 
 
-def _check_env_spaces(env_id: str) -> None:
+def _objective_problem(objective: str, act_space: Any) -> str | None:
+    from gymnasium import spaces
+
+    from klppo.core.objectives import OBJECTIVES
+
+    cls = OBJECTIVES.get(objective)
+    if cls is not None and cls.needs_probabilities and not isinstance(act_space, spaces.Discrete):
+        return (f"objective={objective!r} reads exp(logp) as a probability, which needs "
+                f"Discrete actions; the action space is {act_space}")
+    return None
+
+
+def _check_env_spaces(env_id: str, objective: str | None = None) -> None:
     """Make the env once (then close it) and refuse spaces klppo cannot train on."""
     try:
         env = gym.make(env_id)
@@ -166,6 +180,8 @@ def _check_env_spaces(env_id: str) -> None:
                        f"{str(e)[:160]})") from None
     try:
         problem = space_problem(env.observation_space, env.action_space)
+        if problem is None and objective is not None:
+            problem = _objective_problem(objective, env.action_space)
     finally:
         env.close()
     if problem is not None:

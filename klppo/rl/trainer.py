@@ -187,7 +187,7 @@ def train(config: TrainConfig, on_iteration: OnIteration = None) -> TrainResult:
     if is_multiagent(config.env):  # the env, its agents and each policy's config
         check_multiagent(config)
     else:  # an unknown env or a missing extra fails before any directory exists
-        check_env(config.env)
+        check_env(config.env, config.objective)
     resolve_device(config.device)
     if config.track == "wandb":
         M.require_wandb()

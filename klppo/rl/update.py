@@ -25,6 +25,7 @@ from klppo.core.controllers import KLController
 from klppo.core.diagnostics import policy_diagnostics
 from klppo.core.kl import k3
 from klppo.core.loss import PPOLoss
+from klppo.core.objectives import Knobs
 from klppo.nn.step import StepResult
 from klppo.rl.actuate import Actuation
 from klppo.rl.config import TrainConfig
@@ -43,6 +44,8 @@ def make_loss(cfg: TrainConfig) -> PPOLoss:
         kl_estimator=p.kl_estimator, vf_coef=p.vf_coef, value_loss=p.value_loss,
         value_clip=p.value_clip, ent_coef=p.ent_coef,
         normalize_advantage="minibatch" if p.norm_adv == "minibatch" else "none",
+        knobs=Knobs(p.tau_pos, p.tau_neg, p.tau, p.delta, p.cov_fraction, p.cov_low,
+                    p.cov_high, p.kl_cov_coef),
     )
 
 

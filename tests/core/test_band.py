@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from klppo.core.band import DEFAULT_EPS, kill_mask, kill_sides
-from klppo.core.objectives import Band, _clip_beta_np
+from klppo.core.objective_base import Band, _clip_beta_np
 from klppo.core.surrogates import partition, per_sample_beta, phi_penalty
 
 

@@ -57,6 +57,18 @@ FLAGS = {
     "arabic_indic_digits": (["--ppo.lr", "٠.٠٠٣"], "must be written with ASCII digits"),
     "dual_clip_without_band": (["--objective", "kl_penalty", "--ppo.dual-clip", "3"],
                                "ppo.dual_clip=3.0: objective='kl_penalty' has no clip band"),
+    # the trust-region catalogue (issue 21): sequence-level objectives, settings it ignores
+    "sequence_level_objective": (["--objective", "gspo"], "objective='gspo': is sequence-level"),
+    "knob_the_objective_ignores": (["--objective", "clip", "--ppo.tau-pos", "2"],
+                                   "ppo.tau_pos=2.0: objective='clip' would ignore it"),
+    "band_edge_the_objective_ignores": (["--objective", "cispo", "--ppo.dual-clip", "3"],
+                                        "ppo.dual_clip=3.0: objective='cispo' does not read"),
+    "cov_window_inverted": (["--objective", "clip_cov", "--ppo.cov-low", "6"],
+                            "ppo.cov_low=6.0: must be below ppo.cov_high=5.0"),
+    "cov_fraction_zero": (["--objective", "kl_cov", "--ppo.cov-fraction", "0"],
+                          "ppo.cov_fraction=0.0: must be in (0, 1]"),
+    "probability_objective_on_box_actions": (["--env", "Pendulum-v1", "--objective", "dppo_kl"],
+                                             "reads exp(logp) as a probability"),
     "target_kl_without_early_stop": (["--ppo.target-kl", "0.01"],
                                      "ppo.target_kl=0.01: only the KL early stop reads it"),
     # the lr / clip actuators (issue 21): unknown, ignored or at odds with another field

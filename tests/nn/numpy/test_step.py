@@ -46,10 +46,16 @@ def reference_steps(agent, loss, batches, beta, lr=3e-4, eps=1e-5, max_norm=0.5)
         opt.step()
 
 
+#: the registry's token-level objectives (the fast path's domain); sequence-level ones need
+#: sequence ids and are refused (test_the_fast_path_refuses_sequence_level_objectives)
+TOKEN_LEVEL = {name: cls for name, cls in OBJECTIVES.items() if cls.level == "token"}
+
+
 def registry_cases():
-    """Every objective of the core's registry x every shape it follows x every KL estimator it
-    can penalise with; a new registry entry is covered without touching this file."""
-    for name, cls in OBJECTIVES.items():
+    """Every token-level objective of the core's registry x every shape it follows x every KL
+    estimator it can penalise with; a new registry entry is covered without touching this
+    file."""
+    for name, cls in TOKEN_LEVEL.items():
         shapes = SHAPES if cls.shaped else ("clip",)
         estimators = KL_ESTIMATOR_CHOICES if cls.penalised else ("analytic",)
         for shape in shapes:
@@ -79,6 +85,8 @@ def test_generated_parity_per_sample_gradients(value_opts, objective, opts):
     lo = -torch.rand(n, generator=g) * 3 - 0.1
     x = {"logp": lo + 0.4 * torch.randn(n, generator=g), "values": torch.randn(n, generator=g),
          "entropy": torch.rand(n, generator=g) + 0.5, "kl": torch.rand(n, generator=g) * 0.1}
+    if OBJECTIVES[objective].needs_probabilities:  # log-probabilities of a discrete action
+        x["logp"] = x["logp"].clamp(max=-1e-3)
     adv, ret = 3 * torch.randn(n, generator=g), torch.randn(n, generator=g)
     vold = x["values"] + 0.3 * torch.randn(n, generator=g)
     leaves = {k: v.clone().requires_grad_(True) for k, v in x.items()}
@@ -107,7 +115,7 @@ def test_generated_parity_per_sample_gradients(value_opts, objective, opts):
 
 
 def registry_objectives():
-    for name, cls in OBJECTIVES.items():
+    for name, cls in TOKEN_LEVEL.items():
         for est in (("analytic", "k3") if cls.penalised else ("analytic",)):
             yield pytest.param(name, est, id=f"{name}-{est}")
 
@@ -180,6 +188,15 @@ def test_fast_step_any_depth_and_width(hidden):
         step.step_arrays(*b, 0.0)
     for (name, p), q in zip(agent.named_parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=2e-6, rtol=1e-5), name
+
+
+@pytest.mark.parametrize("objective", [n for n, c in OBJECTIVES.items() if c.level != "token"])
+def test_the_fast_path_refuses_sequence_level_objectives(objective):
+    """A sequence-level objective has no per-sample closed form: NumpyStep refuses it by name
+    (the Gymnasium trainer refuses it earlier, in the config)."""
+    agent = ActorCritic(4, CategoricalHead(2))
+    with pytest.raises(FastPathUnsupported, match=f"{objective!r} has no closed-form"):
+        NumpyStep(agent, PPOLoss(objective), 3e-4, 1e-5, 0.5)
 
 
 def _tilted_class():
