@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+import tyro
 
 from klppo.core.controllers import ControllerName
 from klppo.runs.configfile import field_hints, overlay
@@ -17,7 +19,18 @@ KLEstimatorLM = Literal["k1", "k3", "full", "k3_flipped", "tutorial"]
 KLPlacement = Literal["reward", "loss"]
 KLUnitLM = Literal["per_sequence_sum", "per_token_mean", "per_token_mean_all"]
 
-__all__ = ["RLHFConfig", "ConfigError", "validate_rlhf", "config_from_dict"]
+__all__ = ["RLHFConfig", "ConfigError", "validate_rlhf", "config_from_dict", "FLAG_ALIASES"]
+
+#: RLHFConfig field -> the flag ``klppo train`` has for the same thing: the command line's name
+#: of the field (the field's own flag, ``--lr``, stays as an alias; config files and ``klppo
+#: rlhf compare --set`` use the field names)
+FLAG_ALIASES: dict[str, str] = {}
+
+
+def _flag(canonical: str, name: str) -> Any:
+    """tyro: the flag ``--canonical`` (shown first), with ``--name`` as an alias."""
+    FLAG_ALIASES[name] = canonical
+    return tyro.conf.arg(name=name, aliases=(f"--{canonical}",))
 
 
 @dataclass
@@ -44,7 +57,7 @@ class RLHFConfig:
     """treat tokens after an end-of-text token as padding"""
     reward: str = "vader"
     """task score: vader, or classifier:PATH[:LABEL] for a local HF classifier"""
-    kl_estimator: KLEstimatorLM = "k1"
+    kl_estimator: Annotated[KLEstimatorLM, _flag("ppo.kl-estimator", "kl_estimator")] = "k1"
     """per-token KL(policy || reference): k1, k3 or full (exact over the vocabulary); to
     reproduce peers: k3_flipped (trlx's e^d - 1 - d, mean chi^2 - KL) or tutorial (the adaptive-KL
     tutorial's e^d d, heavily biased) - neither is the KL"""
@@ -54,36 +67,46 @@ class RLHFConfig:
     """unit of the KL fed to the controller and of the target: per_sequence_sum (nats per
     sequence), per_token_mean (nats per response token), per_token_mean_all (trlx's per-token
     mean over every position, padding included)"""
-    controller: ControllerName = "proportional"
+    controller: Annotated[ControllerName, _flag("kl.controller", "controller")] = "proportional"
     """fixed, step, proportional, exponential or pid"""
-    beta: float = field(default=0.1, metadata=at_least(0, integer=False))
+    beta: Annotated[float, _flag("kl.beta", "beta")] = field(
+        default=0.1, metadata=at_least(0, integer=False))
     """initial KL coefficient"""
-    target: float | None = field(default=6.0, metadata=above(0))
+    target: Annotated[float | None, _flag("kl.target", "target")] = field(
+        default=6.0, metadata=above(0))
     """target KL in kl_unit (Ziegler et al.: 6 nats per sequence); null with the proportional
     controller: a fixed beta (trlx's semantics)"""
-    horizon: float | None = field(default=None, metadata=above(0))
+    horizon: Annotated[float | None, _flag("kl.horizon", "horizon")] = field(
+        default=None, metadata=above(0))
     """proportional horizon in episodes (None: iterations * batch_size / 30)"""
-    beta_min: float = field(default=0.0, metadata=at_least(0, integer=False))
+    beta_min: Annotated[float, _flag("kl.beta-min", "beta_min")] = field(
+        default=0.0, metadata=at_least(0, integer=False))
     """lower bound on beta"""
-    beta_max: float = 100.0
+    beta_max: Annotated[float, _flag("kl.beta-max", "beta_max")] = 100.0
     """upper bound on beta"""
-    ppo_epochs: int = field(default=4, metadata=at_least(1))
+    ppo_epochs: Annotated[int, _flag("ppo.update-epochs", "ppo_epochs")] = field(
+        default=4, metadata=at_least(1))
     """PPO epochs per iteration"""
-    minibatch_size: int = field(default=8, metadata=at_least(1))
+    minibatch_size: Annotated[int, _flag("ppo.minibatch-size", "minibatch_size")] = field(
+        default=8, metadata=at_least(1))
     """sequences per minibatch"""
-    lr: float = field(default=1e-4, metadata=above(0))
+    lr: Annotated[float, _flag("ppo.lr", "lr")] = field(default=1e-4, metadata=above(0))
     """Adam learning rate of the policy and value head"""
-    eps: float = field(default=0.2, metadata=above(0))
+    eps: Annotated[float, _flag("ppo.eps", "eps")] = field(default=0.2, metadata=above(0))
     """PPO clip radius"""
-    value_clip: float = field(default=0.2, metadata=above(0))
+    value_clip: Annotated[float, _flag("ppo.value-clip", "value_clip")] = field(
+        default=0.2, metadata=above(0))
     """value clipping radius"""
-    vf_coef: float = field(default=0.1, metadata=at_least(0, integer=False))
+    vf_coef: Annotated[float, _flag("ppo.vf-coef", "vf_coef")] = field(
+        default=0.1, metadata=at_least(0, integer=False))
     """value loss weight"""
-    gamma: float = field(default=1.0, metadata=within(0, 1))
+    gamma: Annotated[float, _flag("ppo.gamma", "gamma")] = field(default=1.0, metadata=within(0, 1))
     """discount over response tokens"""
-    lam: float = field(default=0.95, metadata=within(0, 1))
+    lam: Annotated[float, _flag("ppo.gae-lambda", "lam")] = field(
+        default=0.95, metadata=within(0, 1))
     """GAE lambda"""
-    max_grad_norm: float = field(default=1.0, metadata=above(0))
+    max_grad_norm: Annotated[float, _flag("ppo.max-grad-norm", "max_grad_norm")] = field(
+        default=1.0, metadata=above(0))
     """global gradient-norm clip"""
     eval_every: int = field(default=10, metadata=at_least(1))
     """iterations between held-out perplexity evaluations (and sample texts)"""
@@ -96,12 +119,16 @@ class RLHFConfig:
     """iterations between checkpoints"""
     torch_threads: int = field(default=1, metadata=at_least(1))
     """torch threads (1 per arm; arms run as parallel processes)"""
-    monitor_high: float = 2.0
+    monitor_high: Annotated[float, _flag("kl.monitor-high", "monitor_high")] = 2.0
     """KL monitor: warn (log + kl_alarm_high) when the KL stays above this many times the target"""
-    monitor_low: float = 0.5
+    monitor_low: Annotated[float, _flag("kl.monitor-low", "monitor_low")] = 0.5
     """KL monitor: warn (log + kl_alarm_low) when it stays below this fraction of the target"""
-    monitor_patience: int = 3
+    monitor_patience: Annotated[int, _flag("kl.monitor-patience", "monitor_patience")] = 3
     """KL monitor: consecutive iterations before a warning"""
+    monitor_warmup: Annotated[int, _flag("kl.monitor-warmup", "monitor_warmup")] = field(
+        default=20, metadata=at_least(0))
+    """KL monitor: iterations in which "too low" is not counted until the KL first reaches
+    monitor_low x the target (the KL to the reference starts at 0 and ramps up)"""
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     """where the policy and the reference run (auto: cuda when available); the reward model
     and the bookkeeping stay on the CPU"""

@@ -58,6 +58,8 @@ class TrainResult:
     run_dir: Path
     metrics: list[dict[str, Any]]
     status: str
+    #: the signal that stopped an 'interrupted' run (None otherwise)
+    stop_signal: int | None = None
 
     @property
     def final_return(self) -> float:
@@ -164,7 +166,7 @@ def _run(tr: _Trainer | MultiTrainer, life: RunLife, on_iteration: OnIteration) 
     state = run_iterations(tr, life, lambda: M.MetricsWriter(_sinks(tr.cfg, life.run_dir)),
                            on_iteration, TrainingError)
     records, _ = M.read_metrics(life.run_dir / "metrics.jsonl")
-    return TrainResult(life.run_dir, records, state)
+    return TrainResult(life.run_dir, records, state, life.stop_signal)
 
 
 def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock) -> _Trainer | MultiTrainer:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
-from klppo.runs.errors import ResumeError, RunFailed
+from klppo.runs.errors import ResumeError, RunFailed, RunInterrupted
 from klppo.runs.signals import StopRequest
 from klppo.runs.typecheck import short_repr
 
@@ -57,12 +57,14 @@ class Trainer(Protocol):
 
 
 class RunLife:
-    """One process's life of a run directory: its lock, status and warnings, and the iteration
-    of the last checkpoint on disk (``saved``: 0 when there is none)."""
+    """One process's life of a run directory: its lock, status and warnings, the iteration
+    of the last checkpoint on disk (``saved``: 0 when there is none), and the signal that
+    stopped it (``stop_signal``: None while none did)."""
 
     def __init__(self, run_dir: Path, lock: R.DirLock, saved: int = 0) -> None:
         self.run_dir, self.lock, self.saved = run_dir, lock, saved
         self.warnings: list[str] = []
+        self.stop_signal: int | None = None
 
     def status(self, state: str, iteration: int, **fields: Any) -> None:
         if self.warnings:
@@ -92,29 +94,33 @@ class RunLife:
 
 def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.MetricsWriter],
                    on_iteration: OnIteration, failed: type[RunFailed]) -> str:
-    """Iterate ``tr`` to its end or a stop request; return 'finished' or 'interrupted'.
+    """Iterate ``tr`` to its end or a stop request; return 'finished' or 'interrupted' (the
+    signal in ``life.stop_signal``). A second signal stops at once: status 'interrupted' and
+    :class:`~klppo.runs.errors.RunInterrupted` (a ``KeyboardInterrupt``) naming the directory.
 
     Any error ends the run with status 'failed', the reason (``iteration N: Type: message;``
     and the checkpoint kept) and the traceback in status.json, and raises ``failed`` with the
     one-line reason. The lock is released and the trainer closed however it ends."""
     it = tr.iteration + 1
+    stop = StopRequest()
     try:
         life.status("running", tr.iteration)
         writer = make_writer()
         try:
-            with StopRequest() as stop:
+            with stop:
                 state = "finished"
                 while tr.iteration < tr.num_iterations:
                     it = tr.iteration + 1
                     _one(tr, life, writer, on_iteration, stop)
                     if stop.requested and tr.iteration < tr.num_iterations:
                         state = "interrupted"
+                        life.stop_signal = stop.signum
                         break
         finally:
             writer.close()
     except KeyboardInterrupt:
         life.final_status("interrupted", tr.iteration, error="interrupted at once (second signal)")
-        raise
+        raise RunInterrupted(life.run_dir, stop.signum) from None
     except Exception as e:  # noqa: BLE001 - every failure ends as one named error
         what = " ".join(str(e).split())
         if not what.startswith("iteration"):
