@@ -113,10 +113,12 @@ def layout(parts: Sequence[Part], width: int, bar_priority: int | None = None,
 
 class Eta:
     """Elapsed time since the command started and the time left, from the rate of the units
-    done since the first one finished (None before a second one has)."""
+    done since the first one finished (None before a second one has); ``from_first`` False:
+    from the rate since the start (units that run in parallel, such as a sweep's runs)."""
 
-    def __init__(self, total: int, now: Callable[[], float] = time.perf_counter) -> None:
-        self.total, self._now = total, now
+    def __init__(self, total: int, now: Callable[[], float] = time.perf_counter,
+                 from_first: bool = True) -> None:
+        self.total, self._now, self.from_first = total, now, from_first
         self.start = now()
         self.first: tuple[int, float] | None = None  # (units done, time) at the first update
         self.done, self.at = 0, self.start
@@ -132,9 +134,11 @@ class Eta:
 
     @property
     def left(self) -> float | None:
-        if self.first is None or self.done <= self.first[0]:
+        if self.first is None:
             return None
-        d0, t0 = self.first
+        d0, t0 = self.first if self.from_first else (self.first[0] - 1, self.start)
+        if self.done <= d0:
+            return None
         return (self.at - t0) / (self.done - d0) * max(0, self.total - self.done)
 
     def parts(self, elapsed: int = 1, eta: int = 9) -> list[Part]:
@@ -150,11 +154,13 @@ class Bar:
     ``update(done, parts)`` after each unit; ``print(text)`` for a line of its own (above the
     bar on a terminal); ``close()`` (or the ``with`` block's end) leaves the last bar on the
     screen and the cursor on a new line. ``every``: a plain line every this many units (and
-    the first and the last); ``bar_priority``: where the bar ranks among the fields."""
+    the first and the last); ``bar_priority``: where the bar ranks among the fields;
+    ``eta_from_first``: see :class:`Eta`."""
 
     def __init__(self, total: int, every: int | None = None, lines: int = 20,
                  bar_priority: int = 3, file: IO[str] | None = None,
-                 now: Callable[[], float] = time.perf_counter) -> None:
+                 now: Callable[[], float] = time.perf_counter,
+                 eta_from_first: bool = True) -> None:
         from rich.console import Console
 
         self.total = max(1, total)
@@ -162,7 +168,7 @@ class Bar:
         self.console = Console(file=self.file, highlight=False, soft_wrap=False)
         self.every = every if every is not None else max(1, self.total // lines)
         self.bar_priority = bar_priority
-        self.eta = Eta(self.total, now)
+        self.eta = Eta(self.total, now, eta_from_first)
         self._live: Any = None
 
     @property

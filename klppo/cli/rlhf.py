@@ -13,6 +13,11 @@ RLHF_USAGE = """klppo rlhf [--config FILE.yaml] [FLAGS...]
        klppo rlhf --resume RUN_DIR
        klppo rlhf compare [FLAGS...]
 
+PPO on a language model kept near a frozen reference by a KL penalty (the RLHF recipe of
+Ziegler et al.), scored by a sentiment reward. The PPO and KL flags have `klppo train`'s names
+(--ppo.lr, --kl.controller, --kl.target, ...); the older names (--lr, --controller, ...) still
+work.
+
 --config: a YAML mapping of the fields below (flags override it). --resume continues a run
 from its last checkpoint exactly (the run's config.yaml is used; no other flags)."""
 

@@ -24,6 +24,10 @@ from klppo.runs.errors import RunFailed
 USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [FLAGS...]
        klppo train --resume RUN_DIR
 
+Train PPO (any objective, any KL controller) on a Gymnasium or PettingZoo env into a run
+directory: config.yaml, metrics.jsonl, checkpoints, TensorBoard events. Ctrl-C or SIGTERM
+finishes the iteration, checkpoints, prints the resume command and exits 130 (143).
+
 Where the defaults come from (the config flags below override them):
   --preset NAME       start from a preset: klip/cartpole, klip/lunarlander, klip/halfcheetah,
                       klip/hopper, klip/walker2d, klip/ant, klip/humanoid (MuJoCo v4, the

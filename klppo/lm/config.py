@@ -40,7 +40,7 @@ class RLHFConfig:
     model: str = "runs/lm/base"
     """Hugging Face model directory: the initial policy and the frozen reference"""
     out: str | None = None
-    """run directory to create (default runs/rlhf/{controller}__beta{beta}__{seed}__{time})"""
+    """run directory to create (None: runs/rlhf/{controller}__beta{beta}__{seed}__{time})"""
     seed: int = field(default=0, metadata=below(2**32, text="must be an integer in [0, 2**32)"))
     """seed of prompt choice, sampling and minibatch order"""
     iterations: int = field(default=150, metadata=at_least(1))

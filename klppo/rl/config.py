@@ -103,9 +103,9 @@ class KLConfig:
     controller: ControllerName = "fixed"
     """fixed, step, proportional, exponential or pid"""
     beta: float | None = None
-    """initial beta (None: the controller's or preset's default)"""
+    """initial beta (None: the controller's or the preset's own value)"""
     target: float | None = None
-    """target KL in nats per sample (None: the controller's or preset's default)"""
+    """target KL in nats per sample (None: the controller's or the preset's own value)"""
     preset: StepPreset | None = None
     """step-rule preset: ppo_paper, rllib, torchrl, klip"""
     beta_min: float | None = None
@@ -151,7 +151,7 @@ class NetConfig:
     hidden: tuple[int, ...] = (64, 64)
     """hidden layer sizes (tanh MLPs)"""
     shared_trunk: bool = False
-    """one trunk for policy and value (default: separate networks)"""
+    """one trunk for policy and value (off: separate networks)"""
     separate_losses: bool = False
     """with a shared trunk, the trunk learns from the policy loss only"""
     log_std_init: float = 0.0
@@ -165,7 +165,7 @@ class MarlConfig:
 
     policies: tuple[str, ...] = ()
     """policy=agent,agent per policy; a name ending in * matches a prefix, e.g.
-    adversary=adversary_* agent=agent_* (default: one policy per agent, named after it)"""
+    adversary=adversary_* agent=agent_* (empty: one policy per agent, named after it)"""
     overrides: tuple[str, ...] = ()
     """per-policy settings policy:field=value over the run's (objective, ppo.*, kl.*, net.*),
     e.g. adversary:kl.target=0.01 agent:objective=clip"""
@@ -188,9 +188,9 @@ class TrainConfig:
     total_steps: int = field(default=100_000, metadata=at_least(1))
     """environment steps in total (over all parallel environments)"""
     out: str | None = None
-    """run directory to create (default: {runs_root}/{env}__{objective}__{seed}__{time})"""
+    """run directory to create (None: {runs_root}/{env}__{objective}__{seed}__{time})"""
     runs_root: str = "runs"
-    """parent directory of default run directories"""
+    """parent directory of the run directories named by klppo (when --out is not given)"""
     checkpoint_every: int = field(default=10, metadata=at_least(1))
     """iterations between checkpoints (one is always written at the end)"""
     torch_threads: int = field(default=1, metadata=at_least(1))
