@@ -175,6 +175,20 @@ class MarlConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Where --track wandb logs (the run's config is the W&B run config)."""
+
+    project: str = "klppo"
+    """W&B project"""
+    entity: str | None = None
+    """W&B entity, a team or a user (None: the logged-in account's)"""
+    group: str | None = None
+    """W&B group (None; a sweep groups its runs under the sweep directory's name)"""
+    tags: tuple[str, ...] = ()
+    """W&B tags, e.g. baseline cartpole"""
+
+
+@dataclass
 class TrainConfig:
     """A PPO training run."""
 
@@ -199,9 +213,12 @@ class TrainConfig:
     """where the torch path runs (auto: cuda when available); the numpy fast path is CPU-only,
     so cuda needs --no-fast-path"""
     track: Literal["none", "wandb"] = "none"
-    """also log to Weights & Biases (works with WANDB_MODE=offline)"""
+    """also log to Weights & Biases (works with WANDB_MODE=offline; where: --wandb.*)"""
     tensorboard: bool = True
     """write TensorBoard events when the tensorboard package is installed"""
+    metric_names: Literal["klppo", "cleanrl", "sb3"] = "klppo"
+    """dashboard names in TensorBoard and W&B: klppo's, or CleanRL's or SB3's where they have
+    one, instead (docs/metrics.md); metrics.jsonl always has klppo's keys"""
     fast_path: bool = True
     """numpy forward/backward for separate tanh MLPs (same math; off: plain torch autograd)"""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -209,6 +226,7 @@ class TrainConfig:
     kl: KLConfig = field(default_factory=KLConfig)
     net: NetConfig = field(default_factory=NetConfig)
     marl: MarlConfig = field(default_factory=MarlConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
     @property
     def batch_size(self) -> int:
@@ -237,7 +255,24 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _validate_choices(cfg)
     _validate_numbers(cfg)
     _validate_kl(cfg)
+    _validate_wandb(cfg.wandb)
     return cfg
+
+
+#: characters W&B refuses in a project, entity or group name
+_WANDB_BAD = set("/\\#?%:")
+
+
+def _validate_wandb(w: WandbConfig) -> None:
+    """Names W&B would refuse, refused before the run (a name of 1-128 characters without
+    / \\ # ? % :, tags of 1-64 characters)."""
+    for name in ("project", "entity", "group"):
+        value = getattr(w, name)
+        if value is not None and (not 0 < len(value.strip()) <= 128 or _WANDB_BAD & set(value)):
+            raise _bad(f"wandb.{name}", value, "must be 1-128 characters, none of / \\ # ? % :")
+    for tag in w.tags:
+        if not 0 < len(tag.strip()) <= 64:
+            raise _bad("wandb.tags", tag, "each tag must be 1-64 characters")
 
 
 def _validate_choices(cfg: TrainConfig) -> None:

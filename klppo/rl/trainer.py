@@ -148,15 +148,19 @@ class _Trainer(RunTrainer):
 
 
 def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
+    """metrics.jsonl, and the dashboards with the config as hyperparameters."""
     sinks: list[M.Sink] = [M.JsonlSink(run_dir / "metrics.jsonl")]
     if cfg.tensorboard:
         try:
-            sinks.append(M.TensorBoardSink(run_dir))
+            sinks.append(M.TensorBoardSink(run_dir, to_dict(cfg), cfg.metric_names))
         except ImportError:
             log.warning("tensorboard is not installed: no TensorBoard events (pip install "
                         "'klppo[tensorboard]'; --no-tensorboard silences this)")
     if cfg.track == "wandb":
-        sinks.append(M.WandbSink(run_dir, run_dir.name, to_dict(cfg), project="klppo"))
+        w = cfg.wandb
+        sinks.append(M.WandbSink(run_dir, run_dir.name, to_dict(cfg),
+                                 M.WandbSettings(w.project, w.entity, w.group, tuple(w.tags)),
+                                 cfg.metric_names))
     return sinks
 
 
