@@ -32,7 +32,7 @@ PASSTHROUGH: dict[str, tuple[str, str]] = {
                                "adaptive arms (needs the lm extra)"),
 }
 #: argparse sub-commands, in `klppo --help` order: each module has ``add_parser(sub)``
-SUBPARSERS = ("verify", "sweep", "report", "demo", "replay", "eval", "snapshot")
+SUBPARSERS = ("verify", "sweep", "tune", "report", "demo", "replay", "eval", "snapshot")
 
 
 def version() -> str:

@@ -23,9 +23,26 @@ from klppo.runs.typecheck import short_repr
 log = logging.getLogger(__name__)
 
 __all__ = ["Trainer", "RunLife", "run_iterations", "check_metrics", "check_run_dir",
-           "metrics_records", "OnIteration"]
+           "metrics_records", "OnIteration", "StopRun"]
 
 OnIteration = Callable[[dict[str, Any]], None] | None
+
+#: the states the lifecycle itself gives a run
+LIFECYCLE_STATES = ("running", "finished", "interrupted", "failed")
+
+
+class StopRun(Exception):  # noqa: N818 - a request, not an error
+    """Raised by an ``on_iteration`` callback to end the run after this iteration as
+    ``state`` (e.g. ``'pruned'`` by a tuner), with ``reason`` in status.json. The iteration's
+    metrics are kept and a checkpoint is written, so ``--resume`` can still continue the run;
+    at the last iteration the run is simply 'finished'."""
+
+    def __init__(self, state: str, reason: str) -> None:
+        if state in LIFECYCLE_STATES or not state.isidentifier():
+            raise ValueError(f"StopRun: state={state!r} must be a word other than "
+                             f"{', '.join(LIFECYCLE_STATES)}")
+        super().__init__(reason)
+        self.state, self.reason = state, reason
 
 
 class Trainer(Protocol):
@@ -94,8 +111,9 @@ class RunLife:
 
 def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.MetricsWriter],
                    on_iteration: OnIteration, failed: type[RunFailed]) -> str:
-    """Iterate ``tr`` to its end or a stop request; return 'finished' or 'interrupted' (the
-    signal in ``life.stop_signal``). A second signal stops at once: status 'interrupted' and
+    """Iterate ``tr`` to its end or a stop request; return 'finished', 'interrupted' (the
+    signal in ``life.stop_signal``) or the state of a :class:`StopRun` from ``on_iteration``.
+    A second signal stops at once: status 'interrupted' and
     :class:`~klppo.runs.errors.RunInterrupted` (a ``KeyboardInterrupt``) naming the directory.
 
     Any error ends the run with status 'failed', the reason (``iteration N: Type: message;``
@@ -108,10 +126,17 @@ def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.Metri
         writer = make_writer()
         try:
             with stop:
-                state = "finished"
+                state, why = "finished", {}
                 while tr.iteration < tr.num_iterations:
                     it = tr.iteration + 1
-                    _one(tr, life, writer, on_iteration, stop)
+                    try:
+                        _one(tr, life, writer, on_iteration, stop)
+                    except StopRun as request:
+                        tr.save(life.run_dir)  # the callback came before the checkpoint
+                        life.saved = tr.iteration
+                        if tr.iteration < tr.num_iterations:
+                            state, why = request.state, {"reason": request.reason}
+                        break
                     if stop.requested and tr.iteration < tr.num_iterations:
                         state = "interrupted"
                         life.stop_signal = stop.signum
@@ -131,7 +156,7 @@ def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.Metri
     finally:
         tr.close()
         life.lock.release()
-    life.status(state, tr.iteration)
+    life.status(state, tr.iteration, **why)
     return state
 
 
