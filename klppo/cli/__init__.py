@@ -40,13 +40,12 @@ def version() -> str:
     import platform
     from importlib import metadata
 
-    import klppo
-
+    ours = sys.modules["klppo"].__version__  # the package this command is part of
     try:
         torch = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch = "not installed"
-    return f"klppo {klppo.__version__} (python {platform.python_version()}, torch {torch})"
+    return f"klppo {ours} (python {platform.python_version()}, torch {torch})"
 
 
 def build_parser() -> argparse.ArgumentParser:
