@@ -146,11 +146,18 @@ class SweepProgress:
 
 
 def _already_finished(plans, out: str) -> int:
-    """Runs of ``plans`` that a previous invocation finished (they are not run again)."""
+    """Runs of ``plans`` that a previous invocation finished (they are not run again; for the
+    ETA only: a damaged status file is the sweep's to refuse)."""
     from klppo.runs.rundir import read_status
 
-    return sum((read_status(Path(out) / "runs" / p.name) or {}).get("state") == "finished"
-               for p in plans)
+    def finished(name: str) -> bool:
+        try:
+            st = read_status(Path(out) / "runs" / name)
+        except (OSError, UnicodeDecodeError):
+            return False
+        return isinstance(st, dict) and st.get("state") == "finished"
+
+    return sum(finished(p.name) for p in plans)
 
 
 def _summary(res, out: str) -> int:

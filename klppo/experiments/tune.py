@@ -217,8 +217,7 @@ class _Runner:
         from klppo.rl.trainer import TrainResult, resume, train
 
         report = _Reporter(trial, run_dir, offset, cfg.num_iterations, self.on_iteration)
-        status = (R.read_status(run_dir) or {}).get("state")
-        if status == "pruned":  # pruned before this process could tell Optuna
+        if _state(run_dir) == "pruned":  # pruned before this process could tell Optuna
             return TrainResult(run_dir, [], "pruned")
         if (run_dir / "config.yaml").exists():
             return resume(run_dir, on_iteration=report)
@@ -266,6 +265,12 @@ class _Reporter:
                                     f"earlier trials at that step")
 
 
+def _state(run_dir: Path) -> str | None:
+    """The state in a run's status.json (None: none, or not a status)."""
+    st = R.read_status(run_dir)
+    return st.get("state") if isinstance(st, dict) else None
+
+
 def _entries(study: Any) -> list[TrialEntry]:
     names = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "fail", "RUNNING": "running",
              "WAITING": "waiting"}
@@ -280,9 +285,9 @@ def _write_index(result: TuneResult, spec: TuneSpec) -> None:
     runs = []
     for t in result.trials:
         for name, seed in zip(t.runs, spec.seeds):
-            st = R.read_status(result.tune_dir / "runs" / name) or {}
             runs.append({"name": name, "condition": f"trial{t.number:04d}", "seed": seed,
-                         "overrides": t.params, "state": st.get("state", "pending"),
+                         "overrides": t.params,
+                         "state": _state(result.tune_dir / "runs" / name) or "pending",
                          "error": t.error, "wall_s": None})
     best = result.best
     R.write_json_atomic(result.tune_dir / "index.json", {
