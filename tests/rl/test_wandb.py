@@ -125,6 +125,7 @@ def test_offline_run_with_the_real_package(tmp_path):
     out = tmp_path / "run"
     subprocess.run([sys.executable, "-m", "klppo", "train", "--env", "CartPole-v1",
                     "--total-steps", "1024", "--out", str(out), "--track", "wandb",
+                    "--wandb.group", "group-g1", "--wandb.tags", "tag-a1",
                     "--no-tensorboard"], cwd=ROOT, env=env, check=True, capture_output=True,
                    timeout=240)
     (record,) = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
@@ -133,6 +134,8 @@ def test_offline_run_with_the_real_package(tmp_path):
     assert b"charts/episode_return_mean" in data and b"kl/rollout" in data
     assert b"kl/kl_rollout" not in data and b"charts/episodic_return" not in data
     assert wandb_run_id(out).encode() in data
+    assert b"group-g1" in data and b"tag-a1" in data  # where the run goes
+    assert b"update_epochs" in data and b"CartPole-v1" in data  # the config, as W&B's config
 
 
 def test_disabled_mode_runs_without_network_or_files(tmp_path):
