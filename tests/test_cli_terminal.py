@@ -13,8 +13,6 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
-
 from klppo.cli.progress import Bar, Part, StderrHandler, layout
 from klppo.cli.train import Progress
 from tests.terminal import screen
