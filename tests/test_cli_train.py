@@ -42,52 +42,41 @@ class _Tty(io.StringIO):
         return True
 
 
-def _screen(text: str) -> str:
-    """What a terminal shows on one line: ``\r`` moves to column 0, then characters overwrite
-    what was there."""
-    row: list[str] = []
-    col = 0
-    for ch in text:
-        if ch == "\r":
-            col = 0
-            continue
-        if col < len(row):
-            row[col] = ch
-        else:
-            row.append(ch)
-        col += 1
-    return "".join(row).rstrip()
-
-
 def _metrics(it: int, sps: float, beta: float = 0.0) -> dict:
-    return {"iteration": it, "global_step": it * 512, "episode_return_mean": 20.0,
-            "kl_rollout": 0.01, "frac_kill": 0.05, "beta": beta, "sps": sps}
+    return {"iteration": it, "global_step": it * 512, "episode_return_mean": 123.4,
+            "kl_rollout": 0.0123, "frac_kill": 0.034, "beta": beta, "sps": sps}
 
 
-def test_progress_bar_leaves_no_characters_behind(monkeypatch):
-    tty = _Tty()
-    monkeypatch.setattr("sys.stdout", tty)
-    monkeypatch.setenv("COLUMNS", "300")
-    p = Progress(4, uses_beta=True)
-    p(_metrics(1, 123456.0, beta=1.2345))
-    p(_metrics(2, 5.0, beta=0.5))  # a shorter line over a longer one
-    shown, last = _screen(tty.getvalue()), tty.getvalue().split("\r")[-1].rstrip()
-    assert shown == last and "/s/s" not in shown
-    assert "beta 0.5 " in shown and "elapsed, ETA" in shown
+def _clock(*times: float):
+    ticks = iter(times)
+    return lambda: next(ticks)
 
 
-def test_progress_shows_elapsed_and_eta(monkeypatch):
-    clock = iter([100.0, 110.0, 120.0])  # start, after iteration 1, after iteration 2
-    monkeypatch.setattr(cli_train.time, "perf_counter", lambda: next(clock))
-    p = Progress(4)
-    assert p.line(_metrics(1, 50.0)).endswith("0:10 elapsed, ETA 0:30")
-    assert p.line(_metrics(2, 50.0)).endswith("0:20 elapsed, ETA 0:20")
+def test_progress_line_has_elapsed_and_an_eta_from_the_iterations_after_the_first():
+    # start, after iteration 1 (slow: setup), after 2 and 3 (10 s each)
+    p = Progress(5, file=io.StringIO(), now=_clock(0.0, 100.0, 110.0, 120.0))
+    p(_metrics(1, 50.0))
+    p(_metrics(2, 50.0))
+    p(_metrics(3, 50.0))
+    lines = p.bar.file.getvalue().splitlines()  # not a terminal: a line each (every = 1 here)
+    assert lines[0].endswith("elapsed 1:40  ETA -")
+    assert lines[1].endswith("elapsed 1:50  ETA 0:30")  # 10 s per iteration, 3 left
+    assert lines[2].endswith("elapsed 2:00  ETA 0:20")
 
 
-def test_progress_eta_counts_only_this_process_iterations(monkeypatch):
-    clock = iter([0.0, 10.0])  # a resumed run: 50 iterations were done before
-    monkeypatch.setattr(cli_train.time, "perf_counter", lambda: next(clock))
-    assert Progress(60).line(_metrics(51, 50.0)).endswith("0:10 elapsed, ETA 1:30")
+def test_progress_eta_counts_only_this_process_iterations():
+    p = Progress(60, file=io.StringIO(), now=_clock(0.0, 5.0, 15.0))
+    p(_metrics(51, 50.0))  # a resumed run: 50 iterations were done before
+    p(_metrics(52, 50.0))
+    assert p.bar.eta.parts()[1].forms == ("ETA 1:20",)  # 8 left at 10 s each
+
+
+def test_progress_lines_off_a_terminal_every_twentieth_and_the_first_and_last():
+    p = Progress(100, file=io.StringIO())
+    for it in range(1, 101):
+        p(_metrics(it, 10.0))
+    its = [int(x.split()[1].split("/")[0]) for x in p.bar.file.getvalue().splitlines()]
+    assert its == [1, *range(5, 101, 5)]
 
 
 def test_progress_shows_beta_dash_without_a_controller_beta():

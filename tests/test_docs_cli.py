@@ -86,6 +86,10 @@ def _check_argparse(argv: list[str], capsys) -> None:
     args = build_parser().parse_args(argv)
     if argv[0] == "sweep":
         assert expand(spec_from_args(args))
+    elif argv[0] == "tune":
+        from klppo.experiments.tune_spec import load_tune_spec
+
+        assert load_tune_spec(args.spec).params()
     elif argv[0] == "replay" and args.closed_loop:
         assert main(argv) == 0  # cheap: run it
         assert Path(args.out, "replay.png").exists()

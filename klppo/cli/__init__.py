@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from klppo.cli.errors import INTERRUPTED, say_error
 from klppo.cli.flags import OneLineParser
-from klppo.cli.progress import one_line_warnings
+from klppo.cli.progress import StderrHandler, one_line_warnings
 
 __all__ = ["main", "build_parser", "PASSTHROUGH", "SUBPARSERS"]
 
@@ -25,20 +25,41 @@ __all__ = ["main", "build_parser", "PASSTHROUGH", "SUBPARSERS"]
 #: sub-commands with their own argument parsing: name -> (module, `klppo --help` line); the
 #: module's ``run(argv)`` gets the rest of argv
 PASSTHROUGH: dict[str, tuple[str, str]] = {
-    "train": ("klppo.cli.train", "train PPO on a Gymnasium env (klppo train --help)"),
+    "train": ("klppo.cli.train", "train PPO (any objective and KL controller) on a Gymnasium or "
+                                 "PettingZoo env; --resume continues a run"),
     "lm": ("klppo.cli.lm", "language model: klppo lm pretrain (needs the lm extra)"),
     "rlhf": ("klppo.cli.rlhf", "RLHF-style PPO on a LM; `klppo rlhf compare` runs fixed vs "
                                "adaptive arms (needs the lm extra)"),
 }
 #: argparse sub-commands, in `klppo --help` order: each module has ``add_parser(sub)``
-SUBPARSERS = ("verify", "sweep", "report", "demo", "replay", "eval", "snapshot")
+SUBPARSERS = ("verify", "sweep", "tune", "report", "demo", "replay", "eval", "snapshot")
+
+
+def version() -> str:
+    """``klppo X.Y.Z (python A.B.C, torch T)``: what ``klppo --version`` prints."""
+    import platform
+    from importlib import metadata
+
+    ours = sys.modules["klppo"].__version__  # the package this command is part of
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "not installed"
+    return f"klppo {ours} (python {platform.python_version()}, torch {torch})"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="klppo", description="KL-controlled policy optimisation toolkit.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(
+        prog="klppo", description="KL-controlled policy optimisation: train PPO with KL "
+        "control on Gymnasium and PettingZoo envs or a small language model, run sweeps and "
+        "tuning studies, and report, replay and evaluate the results. `klppo COMMAND --help` "
+        "describes each command and its flags.")
+    parser.add_argument("--version", action="version", version=version(),
+                        help="print klppo's version (and python's and torch's) and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands")
     for name, (_, help_line) in PASSTHROUGH.items():
-        sub.add_parser(name, help=help_line, add_help=False)
+        sub.add_parser(name, help=help_line, description=help_line, add_help=False)
     for name in SUBPARSERS:
         importlib.import_module(f"klppo.cli.{name}").add_parser(sub)
     return parser
@@ -48,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    if not root.handlers:  # warnings go to the stderr of the moment (above a live bar)
+        handler = StderrHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.WARNING)
     try:
         with one_line_warnings():
             if argv and argv[0] in PASSTHROUGH:

@@ -16,9 +16,11 @@ import sys
 from klppo.runs.errors import KlppoError, RunFailed, UserInputError
 
 __all__ = ["BAD_INPUT", "FAILED", "INTERRUPTED", "MAX_LINE", "REPORTED", "FlagError",
-           "one_line", "say_error", "exit_code", "fail", "crashed"]
+           "one_line", "say_error", "exit_code", "fail", "crashed", "signal_exit",
+           "stopped_at_once"]
 
-#: exit status of bad input (before any work starts), of a run that failed, of Ctrl-C
+#: exit status of bad input (before any work starts), of a run that failed, of Ctrl-C (a
+#: command stopped by a signal exits 128 + its number: 130 for SIGINT, 143 for SIGTERM)
 BAD_INPUT, FAILED, INTERRUPTED = 2, 1, 130
 #: the longest error line printed (values in messages are cut to a short repr already; this
 #: bounds whatever else a message quotes)
@@ -63,3 +65,25 @@ def crashed(command: str, err: BaseException) -> int:
     """A run that stopped on an unexpected error: ``failed: Type: message``, exit 1."""
     say_error(command, f"failed: {type(err).__name__}: {err}")
     return FAILED
+
+
+def signal_exit(signum: int | None) -> int:
+    """The exit status of a command stopped by ``signum``: 128 + its number (SIGINT: 130,
+    SIGTERM: 143); SIGINT's when it is not known."""
+    import signal
+
+    return 128 + int(signum if signum is not None else signal.SIGINT)
+
+
+def stopped_at_once(command: str, err: BaseException) -> int:
+    """A second signal stopped a run mid-iteration (:class:`~klppo.runs.errors.RunInterrupted`,
+    or a plain ``KeyboardInterrupt`` before the run began): one line with the resume command
+    where there is a run directory; 128 + the signal."""
+    run_dir, signum = getattr(err, "run_dir", None), getattr(err, "signum", None)
+    if run_dir is None:
+        say_error(command, "interrupted")
+    else:
+        say_error(command, f"stopped at once (second signal; the iteration under way is lost); "
+                           f"resume from the last checkpoint with: klppo {command} --resume "
+                           f"{run_dir}")
+    return signal_exit(signum)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
+import textwrap
 
-from klppo.cli.errors import BAD_INPUT, REPORTED, crashed, fail, say_error
+from klppo.cli.errors import BAD_INPUT, INTERRUPTED, REPORTED, crashed, fail, say_error
 from klppo.cli.flags import parse_config_flags
-from klppo.cli.progress import elapsed_eta
+from klppo.cli.progress import Bar, Part, quiet_hf_progress
 
 LM_USAGE = """usage: klppo lm pretrain [FLAGS...]
 
@@ -17,20 +17,27 @@ Language-model commands (they need the lm extra: pip install -e '.[lm]'):
 The RLHF experiment on such a model: klppo rlhf --help, klppo rlhf compare --help."""
 
 
-class PretrainProgress:
-    """One line every ``every`` steps (and the first and last) with loss, elapsed time, ETA."""
+PRETRAIN_DESCRIPTION = textwrap.fill(
+    "Train a byte-level BPE tokenizer and a small GPT-2 on the Austen train split (shipped "
+    "with klppo; nothing is downloaded), report the held-out perplexity, and save both in the "
+    "Hugging Face format into --out: the reference model of `klppo rlhf --model`.", 88)
 
-    def __init__(self, steps: int, lines: int = 20) -> None:
-        self.every = max(1, steps // lines)
-        self.t0 = time.perf_counter()
+
+class PretrainProgress:
+    """The pretraining bar (a line every ``steps / lines`` steps off a terminal): step, loss,
+    learning rate, elapsed time and ETA (from the steps after the first)."""
+
+    def __init__(self, steps: int, lines: int = 20, file=None) -> None:
+        self.bar = Bar(steps, lines=lines, file=file)
 
     def __call__(self, m: dict) -> None:
         step, steps = m["step"], m["steps"]
-        if step % self.every and step not in (1, steps):
-            return
-        times = elapsed_eta(time.perf_counter() - self.t0, step, steps - step)
-        print(f"step {step:>{len(str(steps))}}/{steps}  loss {m['loss']:.3f}  lr {m['lr']:.2e}  "
-              f"{times}", flush=True)
+        self.bar.update(step, [Part.of(10, f"step {step:>{len(str(steps))}}/{steps}"),
+                               Part.of(8, f"loss {m['loss']:.3f}"),
+                               Part.of(4, f"lr {m['lr']:.2e}")])
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def run(argv: list[str]) -> int:
@@ -46,15 +53,24 @@ def run(argv: list[str]) -> int:
 
     try:
         cfg = validate_pretrain(parse_config_flags(PretrainConfig, argv[1:],
-                                                   "klppo lm pretrain"))
+                                                   "klppo lm pretrain",
+                                                   description=PRETRAIN_DESCRIPTION))
     except REPORTED as e:
         return fail("lm pretrain", e)
-    print(f"pretraining a small GPT-2 on the Austen train split ({cfg.steps} steps) ...",
-          flush=True)
+    quiet_hf_progress()
+    print(f"pretraining a small GPT-2 on the Austen train split ({cfg.steps} steps; the "
+          f"tokenizer first) ...", flush=True)
+    progress = PretrainProgress(cfg.steps)
     try:
-        res = pretrain(cfg, on_step=PretrainProgress(cfg.steps))
+        res = pretrain(cfg, on_step=progress)
+    except KeyboardInterrupt:
+        progress.close()
+        say_error("lm pretrain", "interrupted (nothing is saved before the last step)")
+        return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - a failed run is one line, exit 1
+        progress.close()
         return crashed("lm pretrain", e)
+    progress.close()
     print(f"held-out perplexity {res['held_out_perplexity']:.1f} (at init "
           f"{res['held_out_perplexity_at_init']:.0f}); {res['parameters']:,} parameters; "
           f"{res['train_tokens_per_second']:,.0f} training tokens/s; "

@@ -3,32 +3,51 @@ adaptive comparison, in :mod:`klppo.cli.rlhf_compare`)."""
 
 from __future__ import annotations
 
-from klppo.cli.errors import INTERRUPTED, REPORTED, FlagError, crashed, fail, say_error
+import signal
+
+from klppo.cli.errors import REPORTED, FlagError, crashed, fail, signal_exit, stopped_at_once
 from klppo.cli.flags import OneLineParser, parse_config_flags
+from klppo.cli.progress import Bar, Part, quiet_hf_progress
 
 RLHF_USAGE = """klppo rlhf [--config FILE.yaml] [FLAGS...]
        klppo rlhf --resume RUN_DIR
        klppo rlhf compare [FLAGS...]
 
+PPO on a language model kept near a frozen reference by a KL penalty (the RLHF recipe of
+Ziegler et al.), scored by a sentiment reward. The PPO and KL flags have `klppo train`'s names
+(--ppo.lr, --kl.controller, --kl.target, ...); the older names (--lr, --controller, ...) still
+work.
+
 --config: a YAML mapping of the fields below (flags override it). --resume continues a run
 from its last checkpoint exactly (the run's config.yaml is used; no other flags)."""
 
 
-def _quiet_transformers() -> None:
-    """No per-save progress bars from transformers on the CLI's stderr."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        return
-    hf_logging.disable_progress_bar()
+class RLHFProgress:
+    """The RLHF bar, updated every iteration (a line per iteration off a terminal): score, KL
+    in its unit, beta, the held-out perplexity when measured, elapsed time and ETA."""
 
+    def __init__(self, iterations: int, file=None) -> None:
+        self.bar = Bar(iterations, every=1, file=file)
 
-def _progress(m: dict) -> None:
-    if m["iteration"] % 10 == 0 or m["iteration"] == 1:
-        ppl = m.get("held_out_perplexity")
-        print(f"iter {m['iteration']:>4}  score {m['score']:+.3f}  KL {m['kl']:.2f} "
-              f"({m['kl_unit']})  beta {m['beta']:.4g}" + (f"  ppl {ppl:.1f}" if ppl else ""),
-              flush=True)
+    def __call__(self, m: dict) -> None:
+        it, n = m["iteration"], self.bar.total
+        parts = [Part.of(10, f"iter {it:>{len(str(n))}}/{n}", f"{it}/{n}", shorten=4),
+                 Part.of(7, f"score {m['score']:+.3f}"),
+                 Part.of(7, f"KL {m['kl']:.2f} ({m['kl_unit']})", f"KL {m['kl']:.2f}",
+                         shorten=4),
+                 Part.of(7, f"beta {m['beta']:.4g}")]
+        if m.get("held_out_perplexity"):
+            parts.append(Part.of(5, f"ppl {m['held_out_perplexity']:.1f}"))
+        self.bar.update(it, parts)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> RLHFProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _rlhf_config(config: str | None, rest: list[str]):
@@ -47,8 +66,9 @@ def _rlhf_config(config: str | None, rest: list[str]):
 
 
 def run(argv: list[str]) -> int:
-    """``klppo rlhf ARGV`` (``klppo rlhf compare ...`` included): 0 when the run finished or
-    was interrupted (resumable), 1 when it failed, 2 on bad input."""
+    """``klppo rlhf ARGV`` (``klppo rlhf compare ...`` included): 0 when the run finished, 1
+    when it failed, 2 on bad input, 128 + the signal (130 SIGINT, 143 SIGTERM) when a signal
+    stopped it (the resume command is printed)."""
     if argv and argv[0] == "compare":
         from klppo.cli.rlhf_compare import run as run_compare
 
@@ -57,19 +77,23 @@ def run(argv: list[str]) -> int:
     pre.add_argument("--config")
     pre.add_argument("--resume")
     known, rest = pre.parse_known_args(argv)
-    _quiet_transformers()
+    quiet_hf_progress()
     try:
         res = _start(known, rest)
     except REPORTED as e:  # a failed run (RunFailed) exits 1, bad input 2
         return fail("rlhf", e)
-    except KeyboardInterrupt:
-        say_error("rlhf", "interrupted at once (second signal); resume with --resume")
-        return INTERRUPTED
+    except KeyboardInterrupt as e:
+        return stopped_at_once("rlhf", e)
     except Exception as e:  # noqa: BLE001 - anything else is a failure, still one line
         return crashed("rlhf", e)
     print(f"run directory: {res.run_dir}")
-    print(f"status: {res.status}" + (f"; continue with `klppo rlhf --resume {res.run_dir}`"
-                                     if res.status == "interrupted" else ""))
+    print(f"status: {res.status}")
+    if res.status == "interrupted":
+        sig = signal.Signals(res.stop_signal or signal.SIGINT).name
+        done = res.metrics[-1]["iteration"] if res.metrics else 0
+        print(f"stopped by {sig} after iteration {done:,} (checkpointed); resume with: "
+              f"klppo rlhf --resume {res.run_dir}", flush=True)
+        return signal_exit(res.stop_signal)
     return 0
 
 
@@ -78,8 +102,13 @@ def _start(known, rest: list[str]):
     from klppo.lm.rlhf import resume_rlhf, rlhf
 
     if known.resume is None:
-        return rlhf(_rlhf_config(known.config, rest), on_iteration=_progress)
+        cfg = _rlhf_config(known.config, rest)
+        with RLHFProgress(cfg.iterations) as progress:
+            return rlhf(cfg, on_iteration=progress)
     if rest or known.config is not None:
         raise FlagError(f"resume={known.resume!r}: takes no other flags (the run's "
                         f"config.yaml is used), got {' '.join(rest) or '--config'}")
-    return resume_rlhf(known.resume, on_iteration=_progress)
+    from klppo.lm.rlhf import read_run_config
+
+    with RLHFProgress(read_run_config(known.resume).iterations) as progress:
+        return resume_rlhf(known.resume, on_iteration=progress)

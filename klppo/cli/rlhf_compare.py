@@ -11,6 +11,7 @@ from pathlib import Path
 
 from klppo.cli.errors import FAILED, REPORTED, FlagError, fail
 from klppo.cli.flags import OneLineParser, path_arg, yaml_value
+from klppo.cli.progress import Eta, clock
 
 
 def conclusion(summaries) -> list[str]:
@@ -112,9 +113,15 @@ def run(argv: list[str]) -> int:
     print(f"{len(configs)} arms, {a.iterations} iterations each, {a.workers} at a time",
           flush=True)
 
+    eta, ended = Eta(len(configs), from_first=False), [0]
+
     def done(name, state, err):
-        print(f"  {name}: {state}{'' if err is None else ' (' + err[:200] + ')'} "
-              f"({time.perf_counter() - t0:.0f}s)", flush=True)
+        ended[0] += 1
+        eta.update(ended[0])
+        left = "-" if eta.left is None else clock(eta.left)
+        print(f"  [{ended[0]}/{len(configs)}] {name}: {state}"
+              f"{'' if err is None else ' (' + err[:200] + ')'} "
+              f"({time.perf_counter() - t0:.0f}s, ETA {left})", flush=True)
 
     results = go(configs, a.out, a.workers, done)
     page, summaries = lm_report(a.out, Path(a.out) / "report")

@@ -4,12 +4,12 @@ a fixed one through :func:`run_and_summarise`)."""
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
 from klppo.cli.errors import REPORTED, FlagError, fail, one_line
 from klppo.cli.flags import Once, name_arg, path_arg, yaml_value
+from klppo.cli.progress import Bar, Part, clock
 from klppo.runs.errors import InputError
 
 DESCRIPTION = ("Run every condition of a sweep spec (YAML: preset, base, conditions, grid, "
@@ -114,16 +114,50 @@ def check_run_flags(workers: int | None, out: str, max_runs: int | None = None) 
         raise FlagError(f"--out={out!r}: exists and is not a directory")
 
 
-def _progress(total: int):
-    state = {"done": 0, "t0": time.perf_counter()}
+class SweepProgress:
+    """A line per run that ends (``[k/n] name: state (its time, the sweep's, ETA)``) and, on a
+    terminal, a bar under them with the counts and the ETA. The ETA is the rate of the runs
+    that ended in this invocation since it began (runs go in parallel) times the runs left
+    (runs finished before are not run again)."""
 
-    def on_done(entry) -> None:
-        state["done"] += 1
+    def __init__(self, total: int, already_finished: int = 0) -> None:
+        self.total, self.done = total, 0
+        self.bar = Bar(max(1, total - already_finished), every=1, eta_from_first=False)
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, entry) -> None:
+        self.done += 1
+        self.counts[entry.state] = self.counts.get(entry.state, 0) + 1
+        eta = self.bar.eta
+        eta.update(self.done)
+        left = eta.left
         msg = f" ({entry.error})" if entry.error else ""
         took = "skipped, " if entry.wall_s is None else f"{entry.wall_s:.0f} s, "
-        print(f"[{state['done']}/{total}] {entry.name}: {entry.state}{msg} "
-              f"({took}sweep at {time.perf_counter() - state['t0']:.0f} s)", flush=True)
-    return on_done
+        line = (f"[{self.done}/{self.total}] {entry.name}: {entry.state}{msg} ({took}sweep at "
+                f"{eta.elapsed:.0f} s, ETA {'-' if left is None else clock(left)})")
+        self.bar.print(line)
+        if self.bar.tty:
+            counts = "  ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
+            self.bar.update(self.done, [Part.of(10, f"runs {self.done}/{self.total}"),
+                                        Part.of(6, counts)])
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _already_finished(plans, out: str) -> int:
+    """Runs of ``plans`` that a previous invocation finished (they are not run again; for the
+    ETA only: a damaged status file is the sweep's to refuse)."""
+    from klppo.runs.rundir import read_status
+
+    def finished(name: str) -> bool:
+        try:
+            st = read_status(Path(out) / "runs" / name)
+        except (OSError, UnicodeDecodeError):
+            return False
+        return isinstance(st, dict) and st.get("state") == "finished"
+
+    return sum(finished(p.name) for p in plans)
 
 
 def _summary(res, out: str) -> int:
@@ -154,8 +188,12 @@ def run_and_summarise(spec, out: str, backend: str, workers: int | None,
     check_envs(plans)  # before the first line: a refused sweep prints only its reason
     n = len(plans)
     print(f"sweep: {n} runs into {out} (backend {backend})", flush=True)
-    res = run_sweep(spec, out, backend=backend, workers=workers, on_done=_progress(n),
-                    max_runs=limit)
+    progress = SweepProgress(n, _already_finished(plans, out))
+    try:
+        res = run_sweep(spec, out, backend=backend, workers=workers, on_done=progress,
+                        max_runs=limit)
+    finally:
+        progress.close()
     return _summary(res, out)
 
 

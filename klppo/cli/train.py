@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import sys
 import time
 from typing import Any
 
-from klppo.cli.errors import FAILED, REPORTED, FlagError, fail, say_error
+from klppo.cli.errors import (
+    FAILED,
+    REPORTED,
+    FlagError,
+    fail,
+    say_error,
+    signal_exit,
+    stopped_at_once,
+)
 from klppo.cli.flags import Once, RaisingParser, name_arg, parse_config_flags, path_arg
-from klppo.cli.progress import NumericWarnings, elapsed_eta
+from klppo.cli.progress import Bar, NumericWarnings, Part
 from klppo.runs.errors import RunFailed
 
 USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [FLAGS...]
        klppo train --resume RUN_DIR
+
+Train PPO (any objective, any KL controller) on a Gymnasium or PettingZoo env into a run
+directory: config.yaml, metrics.jsonl, checkpoints, TensorBoard events. Ctrl-C or SIGTERM
+finishes the iteration, checkpoints, prints the resume command and exits 130 (143).
 
 Where the defaults come from (the config flags below override them):
   --preset NAME       start from a preset: klip/cartpole, klip/lunarlander, klip/halfcheetah,
@@ -28,54 +39,58 @@ Where the defaults come from (the config flags below override them):
 
 
 class Progress:
-    """A progress bar on a terminal, periodic log lines otherwise; both with elapsed time and
-    ETA. ``uses_beta`` False (an objective without a controller beta) shows ``beta -``."""
+    """``klppo train``'s progress (:class:`~klppo.cli.progress.Bar`): iteration, return, KL,
+    kill fraction, beta, steps/s and ETA; at a narrow terminal the least important fields go
+    first (the step count, the elapsed time, the bar, then the KL). ``uses_beta`` False (an
+    objective without a controller beta) shows ``beta -``."""
 
-    def __init__(self, total: int, uses_beta: bool = True) -> None:
+    def __init__(self, total: int, uses_beta: bool = True, file=None,
+                 now=time.perf_counter) -> None:
         self.total = total
-        self.tty = sys.stdout.isatty()
-        self.every = max(1, total // 20)
-        self.t0 = time.perf_counter()
-        self.first: int | None = None  # iterations done before this process began
         self.uses_beta = uses_beta
-        self.width = 0  # length of the last bar written (a shorter one is padded over it)
+        self.bar = Bar(total, file=file, now=now)
 
-    def _times(self, it: int) -> str:
-        if self.first is None:
-            self.first = it - 1
-        return elapsed_eta(time.perf_counter() - self.t0, it - self.first, self.total - it)
-
-    def line(self, m: dict[str, Any]) -> str:
-        it = m["iteration"]
-        head = f"iter {it:>5}/{self.total}  step {m['global_step']:>9,}  "
-        tail = f"{m['sps']:,.0f} steps/s  {self._times(it)}"
+    def parts(self, m: dict[str, Any]) -> list[Part]:
+        it, n = m["iteration"], self.total
+        head = [Part.of(10, f"iter {it:>{len(str(n))}}/{n}", f"{it}/{n}", shorten=4),
+                Part.of(2, f"step {m['global_step']:,}")]
+        tail = [Part.of(8, f"{m['sps']:,.0f} steps/s")]
         policies = [k[:-len("/kl_rollout")] for k in m if k.endswith("/kl_rollout")]
         if policies:  # a multi-agent run: return, KL and beta per policy
-            return head + "  ".join(
-                f"{p}: return {_num(m.get(f'{p}/episode_return_mean'), '.1f')} "
-                f"kl {m[f'{p}/kl_rollout']:.4f} beta {m[f'{p}/beta']:.4g}" for p in policies
-            ) + "  " + tail
+            return head + [self._policy(m, p) for p in policies] + tail
         ret = m.get("episode_return_mean")
-        ret_s = "     -" if ret is None else f"{ret:8.1f}"
+        ret_s = "-" if ret is None else f"{ret:.1f}"
         beta = f"{m['beta']:.4g}" if self.uses_beta else "-"
-        return (f"{head}return {ret_s}  kl {m['kl_rollout']:.4f}  "
-                f"kill {m.get('frac_kill', math.nan):.3f}  beta {beta}  {tail}")
+        return head + [Part.of(6, f"return {ret_s}", f"ret {ret_s}", shorten=4),
+                       Part.of(5, f"kl {m['kl_rollout']:.4f}"),
+                       Part.of(7, f"kill {m.get('frac_kill', math.nan):.3f}"),
+                       Part.of(7, f"beta {beta}")] + tail
+
+    @staticmethod
+    def _policy(m: dict[str, Any], p: str) -> Part:
+        ret = _num(m.get(f"{p}/episode_return_mean"), ".1f")
+        kl, beta = f"kl {m[f'{p}/kl_rollout']:.4f}", f"beta {m[f'{p}/beta']:.4g}"
+        return Part.of(6, f"{p}: return {ret} {kl} {beta}", f"{p}: ret {ret} {beta}",
+                       f"{p}: {beta}", shorten=4)
+
+    def line(self, m: dict[str, Any]) -> str:
+        """The full line of ``m`` (what a log file gets), without the times."""
+        return "  ".join(p.forms[0] for p in self.parts(m))
 
     def __call__(self, m: dict[str, Any]) -> None:
-        it = m["iteration"]
-        line = self.line(m)
-        if self.tty:
-            width = 24
-            done = int(width * it / self.total)
-            bar = "[" + "#" * done + "." * (width - done) + "] " + line
-            bar = bar[:shutil.get_terminal_size().columns - 1]  # a wrapped line defeats \r
-            sys.stdout.write("\r" + bar.ljust(self.width))
-            self.width = len(bar)
-            sys.stdout.flush()
-            if it == self.total:
-                sys.stdout.write("\n")
-        elif it % self.every == 0 or it == self.total or it == self.first + 1:
-            print(line, flush=True)
+        self.bar.update(m["iteration"], self.parts(m))
+
+    def print(self, text: str) -> None:
+        self.bar.print(text)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -142,8 +157,9 @@ def parse_train(argv: list[str]):
 
 
 def run(argv: list[str]) -> int:
-    """``klppo train ARGV``: 0 when the run finished or was interrupted (resumable), 1 when it
-    failed, 2 on bad input."""
+    """``klppo train ARGV``: 0 when the run finished, 1 when it failed, 2 on bad input, 128 +
+    the signal (130 SIGINT, 143 SIGTERM) when a signal stopped it (it resumes with ``klppo
+    train --resume RUN_DIR``, which is printed)."""
     numeric = NumericWarnings()
     try:
         cfg = parse_train(argv)
@@ -154,6 +170,8 @@ def run(argv: list[str]) -> int:
         return FAILED
     except _REPORTED as e:
         return fail("train", e)
+    except KeyboardInterrupt as e:
+        return stopped_at_once("train", e)
     return _report(result, numeric)
 
 
@@ -162,8 +180,10 @@ def _start(cfg):
     from klppo.rl.trainer import read_run_config, resume, train
 
     if isinstance(cfg, str):
-        return resume(cfg, on_iteration=_progress(read_run_config(cfg)))
-    return train(cfg, on_iteration=_progress(cfg))
+        with _progress(read_run_config(cfg)) as progress:
+            return resume(cfg, on_iteration=progress)
+    with _progress(cfg) as progress:
+        return train(cfg, on_iteration=progress)
 
 
 def _report(result, numeric: NumericWarnings) -> int:
@@ -177,4 +197,12 @@ def _report(result, numeric: NumericWarnings) -> int:
     else:
         print(f"status: {result.status}; final return (last 10% of steps): "
               f"{result.final_return:.2f}")
-    return 0 if result.status in ("finished", "interrupted") else 1
+    if result.status == "interrupted":
+        import signal
+
+        sig = signal.Signals(result.stop_signal or signal.SIGINT).name
+        done = result.metrics[-1]["iteration"] if result.metrics else 0
+        print(f"stopped by {sig} after iteration {done:,} (checkpointed); resume with: "
+              f"klppo train --resume {result.run_dir}", flush=True)
+        return signal_exit(result.stop_signal)
+    return 0 if result.status == "finished" else 1

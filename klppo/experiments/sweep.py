@@ -144,6 +144,16 @@ def _status(run_dir: Path) -> dict[str, Any]:
     return st
 
 
+def _grouped(cfg: C.TrainConfig, sweep_dir: Path) -> C.TrainConfig:
+    """A run that logs to W&B without a group of its own goes in the sweep's group (the sweep
+    directory's name), so W&B shows a sweep's runs together."""
+    if cfg.track != "wandb" or cfg.wandb.group is not None:
+        return cfg
+    name = sweep_dir.resolve().name or "sweep"
+    group = "".join("-" if c in "/\\#?%:" else c for c in name)[:128]  # what W&B accepts
+    return dataclasses.replace(cfg, wandb=dataclasses.replace(cfg.wandb, group=group))
+
+
 def _prepare(sweep_dir: Path, planned: list[RunPlan]) -> list[RunEntry]:
     statuses = [_status(sweep_dir / "runs" / plan.name) for plan in planned]  # before writing
     entries = []
@@ -151,7 +161,7 @@ def _prepare(sweep_dir: Path, planned: list[RunPlan]) -> list[RunEntry]:
         run_dir = sweep_dir / "runs" / plan.name
         run_dir.mkdir(exist_ok=True)
         if not (run_dir / "config.yaml").exists():
-            cfg = dataclasses.replace(plan.config, out=str(run_dir))
+            cfg = _grouped(dataclasses.replace(plan.config, out=str(run_dir)), sweep_dir)
             R.write_yaml(run_dir / "config.yaml", C.to_dict(cfg))
         state = st.get("state") if st.get("state") in ("finished", "failed", "interrupted") \
             else "pending"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
+
+import tyro
 
 from klppo.core.controllers import ControllerName
 from klppo.core.kl_gradient_claims import claimed, gradient_warning
@@ -22,11 +24,22 @@ KLPlacement = Literal["reward", "loss"]
 KLUnitLM = Literal["per_sequence_sum", "per_token_mean", "per_token_mean_all"]
 
 __all__ = ["RLHFConfig", "ConfigError", "validate_rlhf", "config_from_dict", "objective_knobs",
-           "kl_gradient_combination", "kl_gradient_warning"]
+           "kl_gradient_combination", "kl_gradient_warning", "FLAG_ALIASES"]
 
 
 def _fraction() -> dict[str, Range]:
     return {"range": Range(0, 1, low_open=True, text="must be in (0, 1]")}
+
+#: RLHFConfig field -> the flag ``klppo train`` has for the same thing: the command line's name
+#: of the field (the field's own flag, ``--lr``, stays as an alias; config files and ``klppo
+#: rlhf compare --set`` use the field names)
+FLAG_ALIASES: dict[str, str] = {}
+
+
+def _flag(canonical: str, name: str) -> Any:
+    """tyro: the flag ``--canonical`` (shown first), with ``--name`` as an alias."""
+    FLAG_ALIASES[name] = canonical
+    return tyro.conf.arg(name=name, aliases=(f"--{canonical}",))
 
 
 @dataclass
@@ -36,7 +49,7 @@ class RLHFConfig:
     model: str = "runs/lm/base"
     """Hugging Face model directory: the initial policy and the frozen reference"""
     out: str | None = None
-    """run directory to create (default runs/rlhf/{controller}__beta{beta}__{seed}__{time})"""
+    """run directory to create (None: runs/rlhf/{controller}__beta{beta}__{seed}__{time})"""
     seed: int = field(default=0, metadata=below(2**32, text="must be an integer in [0, 2**32)"))
     """seed of prompt choice, sampling and minibatch order"""
     iterations: int = field(default=150, metadata=at_least(1))
@@ -53,7 +66,7 @@ class RLHFConfig:
     """treat tokens after an end-of-text token as padding"""
     reward: str = "vader"
     """task score: vader, or classifier:PATH[:LABEL] for a local HF classifier"""
-    kl_estimator: KLEstimatorLM = "k1"
+    kl_estimator: Annotated[KLEstimatorLM, _flag("ppo.kl-estimator", "kl_estimator")] = "k1"
     """per-token KL(policy || reference): k1, k3 or full (exact over the vocabulary); to
     reproduce peers: k3_flipped (trlx's e^d - 1 - d, mean chi^2 - KL) or tutorial (the adaptive-KL
     tutorial's e^d d, heavily biased) - neither is the KL"""
@@ -65,60 +78,77 @@ class RLHFConfig:
     """unit of the KL fed to the controller and of the target: per_sequence_sum (nats per
     sequence), per_token_mean (nats per response token), per_token_mean_all (trlx's per-token
     mean over every position, padding included)"""
-    controller: ControllerName = "proportional"
+    controller: Annotated[ControllerName, _flag("kl.controller", "controller")] = "proportional"
     """fixed, step, proportional, exponential or pid"""
-    beta: float = field(default=0.1, metadata=at_least(0, integer=False))
+    beta: Annotated[float, _flag("kl.beta", "beta")] = field(
+        default=0.1, metadata=at_least(0, integer=False))
     """initial KL coefficient"""
-    target: float | None = field(default=6.0, metadata=above(0))
+    target: Annotated[float | None, _flag("kl.target", "target")] = field(
+        default=6.0, metadata=above(0))
     """target KL in kl_unit (Ziegler et al.: 6 nats per sequence); null with the proportional
     controller: a fixed beta (trlx's semantics)"""
-    horizon: float | None = field(default=None, metadata=above(0))
+    horizon: Annotated[float | None, _flag("kl.horizon", "horizon")] = field(
+        default=None, metadata=above(0))
     """proportional horizon in episodes (None: iterations * batch_size / 30)"""
-    beta_min: float = field(default=0.0, metadata=at_least(0, integer=False))
+    beta_min: Annotated[float, _flag("kl.beta-min", "beta_min")] = field(
+        default=0.0, metadata=at_least(0, integer=False))
     """lower bound on beta"""
-    beta_max: float = 100.0
+    beta_max: Annotated[float, _flag("kl.beta-max", "beta_max")] = 100.0
     """upper bound on beta"""
-    ppo_epochs: int = field(default=4, metadata=at_least(1))
+    ppo_epochs: Annotated[int, _flag("ppo.update-epochs", "ppo_epochs")] = field(
+        default=4, metadata=at_least(1))
     """PPO epochs per iteration"""
-    minibatch_size: int = field(default=8, metadata=at_least(1))
+    minibatch_size: Annotated[int, _flag("ppo.minibatch-size", "minibatch_size")] = field(
+        default=8, metadata=at_least(1))
     """sequences per minibatch"""
-    lr: float = field(default=1e-4, metadata=above(0))
+    lr: Annotated[float, _flag("ppo.lr", "lr")] = field(default=1e-4, metadata=above(0))
     """Adam learning rate of the policy and value head"""
-    eps: float = field(default=0.2, metadata=above(0))
+    eps: Annotated[float, _flag("ppo.eps", "eps")] = field(default=0.2, metadata=above(0))
     """PPO clip radius (the band of every objective that has one)"""
     objective: ObjectiveName = "clip"
     """the policy objective (docs/algorithms.md): clip, per_sample_kl, unclipped; cispo, sapo,
     spo, sq_log_ratio, dppo_tv, dppo_kl, clip_cov, kl_cov; sequence-level gspo, gmpo, trm"""
-    eps_low: float | None = field(default=None, metadata=above(0))
+    eps_low: Annotated[float | None, _flag("ppo.eps-low", "eps_low")] = (
+        field(default=None, metadata=above(0)))
     """lower band radius (None: eps); gmpo: log-space radius"""
-    eps_high: float | None = field(default=None, metadata=above(0))
+    eps_high: Annotated[float | None, _flag("ppo.eps-high", "eps_high")] = (
+        field(default=None, metadata=above(0)))
     """upper band radius (None: eps; DAPO 0.28; GSPO's paper 4e-4 with eps_low 3e-4)"""
-    tau_pos: float | None = field(default=None, metadata=above(0))
+    tau_pos: Annotated[float | None, _flag("ppo.tau-pos", "tau_pos")] = (
+        field(default=None, metadata=above(0)))
     """sapo: gate temperature where A > 0 (None: the paper's 1.0)"""
-    tau_neg: float | None = field(default=None, metadata=above(0))
+    tau_neg: Annotated[float | None, _flag("ppo.tau-neg", "tau_neg")] = (
+        field(default=None, metadata=above(0)))
     """sapo: gate temperature where A < 0 (None: the paper's 1.05)"""
-    tau: float | None = field(default=None, metadata=above(0))
+    tau: Annotated[float | None, _flag("ppo.tau", "tau")] = field(default=None, metadata=above(0))
     """sq_log_ratio: coefficient of (log w)^2 / 2 (None: 1.0)"""
-    delta: float | None = field(default=None, metadata=above(0))
+    delta: Annotated[float | None, _flag("ppo.delta", "delta")] = (
+        field(default=None, metadata=above(0)))
     """dppo_tv: probability difference (0.15); dppo_kl: binary KL, nats (0.05); trm: max token
     k2, nats (0.05)"""
-    cov_fraction: float | None = field(default=None, metadata=_fraction())
+    cov_fraction: Annotated[float | None, _flag("ppo.cov-fraction", "cov_fraction")] = (
+        field(default=None, metadata=_fraction()))
     """clip_cov / kl_cov: share of a minibatch's tokens selected (None: 2e-4 / 2e-3)"""
-    cov_low: float | None = None
+    cov_low: Annotated[float | None, _flag("ppo.cov-low", "cov_low")] = None
     """clip_cov: covariance window's lower end (None: 1.0)"""
-    cov_high: float | None = None
+    cov_high: Annotated[float | None, _flag("ppo.cov-high", "cov_high")] = None
     """clip_cov: covariance window's upper end (None: 5.0)"""
-    kl_cov_coef: float | None = field(default=None, metadata=above(0))
+    kl_cov_coef: Annotated[float | None, _flag("ppo.kl-cov-coef", "kl_cov_coef")] = (
+        field(default=None, metadata=above(0)))
     """kl_cov: coefficient of |log w| on the selected tokens (None: 1.0)"""
-    value_clip: float = field(default=0.2, metadata=above(0))
+    value_clip: Annotated[float, _flag("ppo.value-clip", "value_clip")] = field(
+        default=0.2, metadata=above(0))
     """value clipping radius"""
-    vf_coef: float = field(default=0.1, metadata=at_least(0, integer=False))
+    vf_coef: Annotated[float, _flag("ppo.vf-coef", "vf_coef")] = field(
+        default=0.1, metadata=at_least(0, integer=False))
     """value loss weight"""
-    gamma: float = field(default=1.0, metadata=within(0, 1))
+    gamma: Annotated[float, _flag("ppo.gamma", "gamma")] = field(default=1.0, metadata=within(0, 1))
     """discount over response tokens"""
-    lam: float = field(default=0.95, metadata=within(0, 1))
+    lam: Annotated[float, _flag("ppo.gae-lambda", "lam")] = field(
+        default=0.95, metadata=within(0, 1))
     """GAE lambda"""
-    max_grad_norm: float = field(default=1.0, metadata=above(0))
+    max_grad_norm: Annotated[float, _flag("ppo.max-grad-norm", "max_grad_norm")] = field(
+        default=1.0, metadata=above(0))
     """global gradient-norm clip"""
     eval_every: int = field(default=10, metadata=at_least(1))
     """iterations between held-out perplexity evaluations (and sample texts)"""
@@ -131,12 +161,16 @@ class RLHFConfig:
     """iterations between checkpoints"""
     torch_threads: int = field(default=1, metadata=at_least(1))
     """torch threads (1 per arm; arms run as parallel processes)"""
-    monitor_high: float = 2.0
+    monitor_high: Annotated[float, _flag("kl.monitor-high", "monitor_high")] = 2.0
     """KL monitor: warn (log + kl_alarm_high) when the KL stays above this many times the target"""
-    monitor_low: float = 0.5
+    monitor_low: Annotated[float, _flag("kl.monitor-low", "monitor_low")] = 0.5
     """KL monitor: warn (log + kl_alarm_low) when it stays below this fraction of the target"""
-    monitor_patience: int = 3
+    monitor_patience: Annotated[int, _flag("kl.monitor-patience", "monitor_patience")] = 3
     """KL monitor: consecutive iterations before a warning"""
+    monitor_warmup: Annotated[int, _flag("kl.monitor-warmup", "monitor_warmup")] = field(
+        default=20, metadata=at_least(0))
+    """KL monitor: iterations in which "too low" is not counted until the KL first reaches
+    monitor_low x the target (the KL to the reference starts at 0 and ramps up)"""
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     """where the policy and the reference run (auto: cuda when available); the reward model
     and the bookkeeping stay on the CPU"""

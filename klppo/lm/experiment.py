@@ -157,7 +157,8 @@ class Experiment:
         self.ppl_initial = perplexity(self.policy.lm, self.held_ids, cfg.eval_seq_len,
                                       cfg.eval_windows)
         self.kl_monitor = KLMonitor(cfg.target, cfg.monitor_high, cfg.monitor_low,
-                                    cfg.monitor_patience, KL_UNITS[cfg.kl_unit])
+                                    cfg.monitor_patience, KL_UNITS[cfg.kl_unit],
+                                    cfg.monitor_warmup)
         _say_what_the_choices_mean(cfg)
         self.iteration = 0
 

@@ -29,7 +29,7 @@ class PretrainConfig:
     out: str = "runs/lm/base"
     """directory for the model and tokenizer (Hugging Face format)"""
     steps: int = field(default=1200, metadata=at_least(1))
-    """optimiser steps (about 2.6 CPU-minutes at the defaults: held-out perplexity about 58)"""
+    """optimiser steps (about 2.6 CPU-minutes as shipped: held-out perplexity about 58)"""
     batch_size: int = field(default=16, metadata=at_least(1))
     """sequences per step"""
     seq_len: int = field(default=64, metadata=at_least(1))

@@ -52,6 +52,8 @@ class RLHFResult:
     run_dir: Path
     metrics: list[dict[str, Any]]
     status: str = "finished"
+    #: the signal that stopped an 'interrupted' run (None otherwise)
+    stop_signal: int | None = None
 
 
 def rlhf(cfg: RLHFConfig, reward: RewardFn | None = None,
@@ -98,7 +100,7 @@ def _run(exp: Experiment, run_dir: Path, lock: R.DirLock, on_iteration: OnIterat
     state = run_iterations(exp, life, lambda: M.MetricsWriter([M.JsonlSink(
         run_dir / "metrics.jsonl")]), on_iteration, RLHFError)
     records, _ = M.read_metrics(run_dir / "metrics.jsonl")
-    return RLHFResult(run_dir, records, state)
+    return RLHFResult(run_dir, records, state, life.stop_signal)
 
 
 def _one_line(e: BaseException) -> str:

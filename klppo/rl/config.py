@@ -128,9 +128,9 @@ class KLConfig:
     controller: ControllerName = "fixed"
     """fixed, step, proportional, exponential or pid"""
     beta: float | None = None
-    """initial beta (None: the controller's or preset's default)"""
+    """initial beta (None: the controller's or the preset's own value)"""
     target: float | None = None
-    """target KL in nats per sample (None: the controller's or preset's default)"""
+    """target KL in nats per sample (None: the controller's or the preset's own value)"""
     preset: StepPreset | None = None
     """step-rule preset: ppo_paper, rllib, torchrl, klip"""
     beta_min: float | None = None
@@ -187,7 +187,7 @@ class NetConfig:
     hidden: tuple[int, ...] = (64, 64)
     """hidden layer sizes (tanh MLPs)"""
     shared_trunk: bool = False
-    """one trunk for policy and value (default: separate networks)"""
+    """one trunk for policy and value (off: separate networks)"""
     separate_losses: bool = False
     """with a shared trunk, the trunk learns from the policy loss only"""
     log_std_init: float = 0.0
@@ -201,13 +201,27 @@ class MarlConfig:
 
     policies: tuple[str, ...] = ()
     """policy=agent,agent per policy; a name ending in * matches a prefix, e.g.
-    adversary=adversary_* agent=agent_* (default: one policy per agent, named after it)"""
+    adversary=adversary_* agent=agent_* (empty: one policy per agent, named after it)"""
     overrides: tuple[str, ...] = ()
     """per-policy settings policy:field=value over the run's (objective, ppo.*, kl.*, net.*),
     e.g. adversary:kl.target=0.01 agent:objective=clip"""
     env_kwargs: tuple[str, ...] = ()
     """keyword arguments of the module's parallel_env(), key=value (YAML values), e.g.
     continuous_actions=true max_cycles=25"""
+
+
+@dataclass
+class WandbConfig:
+    """Where --track wandb logs (the run's config is the W&B run config)."""
+
+    project: str = "klppo"
+    """W&B project"""
+    entity: str | None = None
+    """W&B entity, a team or a user (None: the logged-in account's)"""
+    group: str | None = None
+    """W&B group (None; a sweep groups its runs under the sweep directory's name)"""
+    tags: tuple[str, ...] = ()
+    """W&B tags, e.g. baseline cartpole"""
 
 
 @dataclass
@@ -225,9 +239,9 @@ class TrainConfig:
     total_steps: int = field(default=100_000, metadata=at_least(1))
     """environment steps in total (over all parallel environments)"""
     out: str | None = None
-    """run directory to create (default: {runs_root}/{env}__{objective}__{seed}__{time})"""
+    """run directory to create (None: {runs_root}/{env}__{objective}__{seed}__{time})"""
     runs_root: str = "runs"
-    """parent directory of default run directories"""
+    """parent directory of the run directories named by klppo (when --out is not given)"""
     checkpoint_every: int = field(default=10, metadata=at_least(1))
     """iterations between checkpoints (one is always written at the end)"""
     torch_threads: int = field(default=1, metadata=at_least(1))
@@ -236,9 +250,12 @@ class TrainConfig:
     """where the torch path runs (auto: cuda when available); the numpy fast path is CPU-only,
     so cuda needs --no-fast-path"""
     track: Literal["none", "wandb"] = "none"
-    """also log to Weights & Biases (works with WANDB_MODE=offline)"""
+    """also log to Weights & Biases (works with WANDB_MODE=offline; where: --wandb.*)"""
     tensorboard: bool = True
     """write TensorBoard events when the tensorboard package is installed"""
+    metric_names: Literal["klppo", "cleanrl", "sb3"] = "klppo"
+    """dashboard names in TensorBoard and W&B: klppo's, or CleanRL's or SB3's where they have
+    one, instead (docs/metrics.md); metrics.jsonl always has klppo's keys"""
     fast_path: bool = True
     """numpy forward/backward for separate tanh MLPs (same math; off: plain torch autograd)"""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -246,6 +263,7 @@ class TrainConfig:
     kl: KLConfig = field(default_factory=KLConfig)
     net: NetConfig = field(default_factory=NetConfig)
     marl: MarlConfig = field(default_factory=MarlConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
     @property
     def batch_size(self) -> int:
@@ -274,7 +292,24 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _validate_choices(cfg)
     _validate_numbers(cfg)
     _validate_kl(cfg)
+    _validate_wandb(cfg.wandb)
     return cfg
+
+
+#: characters W&B refuses in a project, entity or group name
+_WANDB_BAD = set("/\\#?%:")
+
+
+def _validate_wandb(w: WandbConfig) -> None:
+    """Names W&B would refuse, refused before the run (a name of 1-128 characters without
+    / \\ # ? % :, tags of 1-64 characters)."""
+    for name in ("project", "entity", "group"):
+        value = getattr(w, name)
+        if value is not None and (not 0 < len(value.strip()) <= 128 or _WANDB_BAD & set(value)):
+            raise _bad(f"wandb.{name}", value, "must be 1-128 characters, none of / \\ # ? % :")
+    for tag in w.tags:
+        if not 0 < len(tag.strip()) <= 64:
+            raise _bad("wandb.tags", tag, "each tag must be 1-64 characters")
 
 
 def _validate_choices(cfg: TrainConfig) -> None:

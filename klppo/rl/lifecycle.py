@@ -21,7 +21,7 @@ __all__ = ["RunTrainer", "ResumeError", "read_run_config", "check_resume", "RESU
 #: where files go, what is logged, how often to checkpoint, and where it computes (the device and
 #: torch's threads may change the rounding, as another machine would; the resume is recorded).
 RESUMABLE_CHANGES = frozenset({"out", "runs_root", "tensorboard", "track", "checkpoint_every",
-                               "device", "torch_threads"})
+                               "device", "torch_threads", "metric_names", "wandb"})
 
 
 class RunTrainer:
@@ -103,14 +103,13 @@ def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any) -> None:
         raise ResumeError(f"{run_dir / 'checkpoint.pt'}: its config is {short_repr(saved)}, not a "
                           f"mapping; the checkpoint is not one klppo wrote")
     old, new = _flatten(saved), _flatten(to_dict(cfg))
-    default = _flatten(to_dict(TrainConfig()))
+    defaults = _flatten(to_dict(TrainConfig()))  # a field newer than the checkpoint: its default
     for key in sorted(set(old) | set(new)):
-        if key.split(".")[0] in RESUMABLE_CHANGES or old.get(key) == new.get(key):
+        before = old.get(key, defaults.get(key))
+        if key.split(".")[0] in RESUMABLE_CHANGES or before == new.get(key):
             continue
-        if key not in old and key in default and new.get(key) == default[key]:
-            continue  # a field added since the checkpoint, at its default (what the run did)
         raise ResumeError(f"{path}: {key}={short_repr(new.get(key))} but the checkpoint was made "
-                          f"with {short_repr(old.get(key))}; a resume continues the same run (undo "
+                          f"with {short_repr(before)}; a resume continues the same run (undo "
                           f"the edit or start a new run; docs/reliability.md says what may change)")
 
 

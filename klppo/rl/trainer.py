@@ -58,6 +58,8 @@ class TrainResult:
     run_dir: Path
     metrics: list[dict[str, Any]]
     status: str
+    #: the signal that stopped an 'interrupted' run (None otherwise)
+    stop_signal: int | None = None
 
     @property
     def final_return(self) -> float:
@@ -145,15 +147,19 @@ class _Trainer(RunTrainer):
 
 
 def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
+    """metrics.jsonl, and the dashboards with the config as hyperparameters."""
     sinks: list[M.Sink] = [M.JsonlSink(run_dir / "metrics.jsonl")]
     if cfg.tensorboard:
         try:
-            sinks.append(M.TensorBoardSink(run_dir))
+            sinks.append(M.TensorBoardSink(run_dir, to_dict(cfg), cfg.metric_names))
         except ImportError:
             log.warning("tensorboard is not installed: no TensorBoard events (pip install "
                         "'klppo[tensorboard]'; --no-tensorboard silences this)")
     if cfg.track == "wandb":
-        sinks.append(M.WandbSink(run_dir, run_dir.name, to_dict(cfg), project="klppo"))
+        w = cfg.wandb
+        sinks.append(M.WandbSink(run_dir, run_dir.name, to_dict(cfg),
+                                 M.WandbSettings(w.project, w.entity, w.group, tuple(w.tags)),
+                                 cfg.metric_names))
     return sinks
 
 
@@ -163,7 +169,7 @@ def _run(tr: _Trainer | MultiTrainer, life: RunLife, on_iteration: OnIteration) 
     state = run_iterations(tr, life, lambda: M.MetricsWriter(_sinks(tr.cfg, life.run_dir)),
                            on_iteration, TrainingError)
     records, _ = M.read_metrics(life.run_dir / "metrics.jsonl")
-    return TrainResult(life.run_dir, records, state)
+    return TrainResult(life.run_dir, records, state, life.stop_signal)
 
 
 def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock) -> _Trainer | MultiTrainer:

@@ -17,7 +17,7 @@ Each also derives from the builtin its callers caught before it existed (``Value
 from __future__ import annotations
 
 __all__ = ["KlppoError", "UserInputError", "RunFailed", "ConfigError", "InputError",
-           "ResumeError", "CheckpointError"]
+           "ResumeError", "CheckpointError", "RunInterrupted"]
 
 
 class KlppoError(Exception):
@@ -46,3 +46,12 @@ class ResumeError(UserInputError, RuntimeError):
 
 class CheckpointError(UserInputError, RuntimeError):
     """A checkpoint that exists but cannot be read as a klppo checkpoint; names the file."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A second SIGINT / SIGTERM stopped a run at once, in the middle of an iteration: its
+    status.json says 'interrupted' and it resumes from its last checkpoint (``run_dir``)."""
+
+    def __init__(self, run_dir: object, signum: int | None = None) -> None:
+        super().__init__(f"{run_dir}: stopped at once (second signal)")
+        self.run_dir, self.signum = run_dir, signum

@@ -16,16 +16,33 @@ from typing import Any, Protocol
 
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
-from klppo.runs.errors import ResumeError, RunFailed
+from klppo.runs.errors import ResumeError, RunFailed, RunInterrupted
 from klppo.runs.signals import StopRequest
 from klppo.runs.typecheck import short_repr
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Trainer", "RunLife", "run_iterations", "check_metrics", "check_run_dir",
-           "metrics_records", "OnIteration"]
+           "metrics_records", "OnIteration", "StopRun"]
 
 OnIteration = Callable[[dict[str, Any]], None] | None
+
+#: the states the lifecycle itself gives a run
+LIFECYCLE_STATES = ("running", "finished", "interrupted", "failed")
+
+
+class StopRun(Exception):  # noqa: N818 - a request, not an error
+    """Raised by an ``on_iteration`` callback to end the run after this iteration as
+    ``state`` (e.g. ``'pruned'`` by a tuner), with ``reason`` in status.json. The iteration's
+    metrics are kept and a checkpoint is written, so ``--resume`` can still continue the run;
+    at the last iteration the run is simply 'finished'."""
+
+    def __init__(self, state: str, reason: str) -> None:
+        if state in LIFECYCLE_STATES or not state.isidentifier():
+            raise ValueError(f"StopRun: state={state!r} must be a word other than "
+                             f"{', '.join(LIFECYCLE_STATES)}")
+        super().__init__(reason)
+        self.state, self.reason = state, reason
 
 
 class Trainer(Protocol):
@@ -57,12 +74,14 @@ class Trainer(Protocol):
 
 
 class RunLife:
-    """One process's life of a run directory: its lock, status and warnings, and the iteration
-    of the last checkpoint on disk (``saved``: 0 when there is none)."""
+    """One process's life of a run directory: its lock, status and warnings, the iteration
+    of the last checkpoint on disk (``saved``: 0 when there is none), and the signal that
+    stopped it (``stop_signal``: None while none did)."""
 
     def __init__(self, run_dir: Path, lock: R.DirLock, saved: int = 0) -> None:
         self.run_dir, self.lock, self.saved = run_dir, lock, saved
         self.warnings: list[str] = []
+        self.stop_signal: int | None = None
 
     def status(self, state: str, iteration: int, **fields: Any) -> None:
         if self.warnings:
@@ -92,29 +111,41 @@ class RunLife:
 
 def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.MetricsWriter],
                    on_iteration: OnIteration, failed: type[RunFailed]) -> str:
-    """Iterate ``tr`` to its end or a stop request; return 'finished' or 'interrupted'.
+    """Iterate ``tr`` to its end or a stop request; return 'finished', 'interrupted' (the
+    signal in ``life.stop_signal``) or the state of a :class:`StopRun` from ``on_iteration``.
+    A second signal stops at once: status 'interrupted' and
+    :class:`~klppo.runs.errors.RunInterrupted` (a ``KeyboardInterrupt``) naming the directory.
 
     Any error ends the run with status 'failed', the reason (``iteration N: Type: message;``
     and the checkpoint kept) and the traceback in status.json, and raises ``failed`` with the
     one-line reason. The lock is released and the trainer closed however it ends."""
     it = tr.iteration + 1
+    stop = StopRequest()
     try:
         life.status("running", tr.iteration)
         writer = make_writer()
         try:
-            with StopRequest() as stop:
-                state = "finished"
+            with stop:
+                state, why = "finished", {}
                 while tr.iteration < tr.num_iterations:
                     it = tr.iteration + 1
-                    _one(tr, life, writer, on_iteration, stop)
+                    try:
+                        _one(tr, life, writer, on_iteration, stop)
+                    except StopRun as request:
+                        tr.save(life.run_dir)  # the callback came before the checkpoint
+                        life.saved = tr.iteration
+                        if tr.iteration < tr.num_iterations:
+                            state, why = request.state, {"reason": request.reason}
+                        break
                     if stop.requested and tr.iteration < tr.num_iterations:
                         state = "interrupted"
+                        life.stop_signal = stop.signum
                         break
         finally:
             writer.close()
     except KeyboardInterrupt:
         life.final_status("interrupted", tr.iteration, error="interrupted at once (second signal)")
-        raise
+        raise RunInterrupted(life.run_dir, stop.signum) from None
     except Exception as e:  # noqa: BLE001 - every failure ends as one named error
         what = " ".join(str(e).split())
         if not what.startswith("iteration"):
@@ -125,7 +156,7 @@ def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.Metri
     finally:
         tr.close()
         life.lock.release()
-    life.status(state, tr.iteration)
+    life.status(state, tr.iteration, **why)
     return state
 
 

@@ -1,4 +1,9 @@
-"""Metric sinks: JSONL (always), TensorBoard (when installed), Weights & Biases (opt-in)."""
+"""Metric sinks: JSONL (always), TensorBoard (when installed), Weights & Biases (opt-in).
+
+The dashboards (TensorBoard, W&B) get each quantity once under the name of
+:mod:`klppo.runs.names`, and the run's config as hyperparameters (TensorBoard's HPARAMS tab and
+a ``hyperparameters`` text table; W&B's run config).
+"""
 
 from __future__ import annotations
 
@@ -7,66 +12,18 @@ import json
 import logging
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from klppo.runs.names import MetricNames, dashboard_name, dashboard_scalars
+
 log = logging.getLogger(__name__)
 
-__all__ = ["Sink", "JsonlSink", "TensorBoardSink", "WandbSink", "require_wandb",
-           "wandb_run_id", "MetricsWriter", "read_metrics", "read_numbered_metrics",
-           "policies_of", "truncate_metrics", "rewrite_metrics", "NAMESPACES", "CLEANRL_NAMES",
+__all__ = ["Sink", "JsonlSink", "TensorBoardSink", "WandbSink", "WandbSettings",
+           "require_wandb", "wandb_run_id", "hyperparameters", "MetricsWriter", "read_metrics",
+           "read_numbered_metrics", "policies_of", "truncate_metrics", "rewrite_metrics",
            "dashboard_scalars"]
-
-#: key prefix -> dashboard namespace (CleanRL style) for TensorBoard and W&B.
-NAMESPACES: dict[str, str] = {
-    "episode_": "charts", "lr": "charts", "loss": "losses", "value_": "losses",
-    "explained_variance": "losses", "entropy": "policy", "kl": "kl", "beta": "kl",
-    "ratio_": "policy", "clip_fraction": "policy", "frac_": "policy", "sps": "perf",
-    "time_": "perf", "early_stop": "policy", "approx": "kl", "clip_eps": "kl",
-    "actuator_": "kl", "update_fraction": "policy",
-}
-
-
-#: klppo metric -> CleanRL's name for the same quantity, logged next to klppo's own name so
-#: dashboards built for CleanRL runs work unchanged (docs/metrics.md maps every name).
-CLEANRL_NAMES: dict[str, str] = {
-    "episode_return_mean": "charts/episodic_return",
-    "episode_length_mean": "charts/episodic_length",
-    "lr": "charts/learning_rate",
-    "sps": "charts/SPS",
-    "value_loss": "losses/value_loss",
-    "loss_objective": "losses/policy_loss",
-    "entropy": "losses/entropy",
-    "kl_k3": "losses/approx_kl",
-    "kl_k1": "losses/old_approx_kl",
-    "clip_fraction": "losses/clipfrac",
-    "explained_variance": "losses/explained_variance",
-}
-
-
-def dashboard_scalars(metrics: dict[str, Any]) -> dict[str, float]:
-    """Every numeric metric under its klppo namespace, plus CleanRL's names where one exists."""
-    out: dict[str, float] = {}
-    for k, v in metrics.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or k == "global_step":
-            continue
-        out[namespaced(k)] = v
-        policy, _, name = k.rpartition("/")  # a multi-agent run's policy/name
-        if name in CLEANRL_NAMES:
-            out[f"{policy}/{CLEANRL_NAMES[name]}" if policy else CLEANRL_NAMES[name]] = v
-    return out
-
-
-def namespaced(key: str) -> str:
-    """``kl/beta`` for ``beta``; a multi-agent run's ``adversary/beta`` -> ``adversary/kl/beta``."""
-    policy, _, name = key.rpartition("/")
-    if policy:
-        return f"{policy}/{namespaced(name)}"
-    for prefix, ns in NAMESPACES.items():
-        if key.startswith(prefix):
-            return f"{ns}/{key}"
-    return f"other/{key}"
-
 
 class Sink(Protocol):
     def write(self, step: int, metrics: dict[str, Any]) -> None: ...
@@ -105,14 +62,45 @@ class JsonlSink:
             self._fd = -1
 
 
+def hyperparameters(config: dict[str, Any]) -> dict[str, bool | int | float | str]:
+    """A nested config as flat ``section.field: value`` pairs of the types TensorBoard's
+    hparams take (a list or None as its text)."""
+    out: dict[str, bool | int | float | str] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in hyperparameters(v).items()})
+        elif isinstance(v, (bool, int, float, str)):
+            out[k] = v
+        else:
+            out[k] = json.dumps(v) if isinstance(v, (list, tuple)) else str(v)
+    return out
+
+
 class TensorBoardSink:
-    def __init__(self, log_dir: Path) -> None:
+    """Every numeric metric once, under its dashboard name (``names``: klppo's, or CleanRL's
+    or SB3's where they have one), at ``step = global_step``; the config, when given, as
+    hyperparameters (the HPARAMS tab, with the return as its metric) and as a text table."""
+
+    def __init__(self, log_dir: Path, config: dict[str, Any] | None = None,
+                 names: MetricNames = "klppo") -> None:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
         self._w = SummaryWriter(str(log_dir))
+        self.names = names
+        if config is not None:
+            self._hparams(hyperparameters(config))
+
+    def _hparams(self, hp: dict[str, bool | int | float | str]) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        ret = dashboard_name("episode_return_mean", self.names)[0]
+        for summary in hparams(hp, {ret: 0.0}):  # the metric's values are its scalars
+            self._w._get_file_writer().add_summary(summary)
+        rows = "\n".join(f"|{k}|{v}|" for k, v in hp.items())
+        self._w.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}")
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
-        for k, v in dashboard_scalars(metrics).items():
+        for k, v in dashboard_scalars(metrics, self.names).items():
             self._w.add_scalar(k, v, step)
         self._w.flush()
 
@@ -137,19 +125,36 @@ def wandb_run_id(run_dir: Path) -> str:
     return f"{safe[:100]}-{hashlib.sha1(path.encode()).hexdigest()[:10]}"
 
 
-class WandbSink:
-    """Logs every numeric metric under its namespace at ``step = global_step``. Offline mode
-    (``WANDB_MODE=offline``) writes the run under ``run_dir/wandb``."""
+@dataclass(frozen=True)
+class WandbSettings:
+    """Where a W&B run goes: its project, entity (team or user; None: the default of the
+    logged-in account), group (sweeps group their runs by the sweep's name) and tags."""
 
-    def __init__(self, run_dir: Path, name: str, config: dict[str, Any], project: str) -> None:
+    project: str = "klppo"
+    entity: str | None = None
+    group: str | None = None
+    tags: tuple[str, ...] = ()
+
+
+class WandbSink:
+    """Logs every numeric metric once under its dashboard name at ``step = global_step``, with
+    the run's config as the W&B config. Offline mode (``WANDB_MODE=offline``) writes the run
+    under ``run_dir/wandb``."""
+
+    def __init__(self, run_dir: Path, name: str, config: dict[str, Any],
+                 settings: WandbSettings = WandbSettings(),
+                 names: MetricNames = "klppo") -> None:
         require_wandb()
         import wandb
 
-        self._run = wandb.init(project=project, name=name, config=config, dir=str(run_dir),
-                               resume="allow", id=wandb_run_id(run_dir))
+        self.names = names
+        self._run = wandb.init(project=settings.project, entity=settings.entity,
+                               group=settings.group, tags=list(settings.tags) or None,
+                               name=name, config=config, dir=str(run_dir), resume="allow",
+                               id=wandb_run_id(run_dir))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
-        self._run.log(dashboard_scalars(metrics), step=step)
+        self._run.log(dashboard_scalars(metrics, self.names), step=step)
 
     def close(self) -> None:
         self._run.finish()

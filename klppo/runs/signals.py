@@ -21,6 +21,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum: int | None = None  # the signal of the last request
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
@@ -31,11 +32,12 @@ class StopRequest:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        log.warning("%s: finishing this iteration, then checkpointing and stopping",
-                    signal.Signals(signum).name)
+        log.warning("%s: finishing this iteration, then checkpointing and stopping (a second "
+                    "one stops at once)", signal.Signals(signum).name)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():

@@ -78,7 +78,8 @@ def test_crash_isolation_and_summary(tmp_path, capsys):
     assert not any(state["good"].name in ln for ln in out.splitlines()
                    if ln.startswith("["))  # finished before: not rerun
     nan_line = next(ln for ln in out.splitlines() if ln.startswith("[") and "NaN" in ln)
-    assert re.search(r"\(\d+ s, sweep at \d+ s\)$", nan_line)  # its own time, then the sweep's
+    # its own time, then the sweep's, and the time left (- until a second run has ended)
+    assert re.search(r"\(\d+ s, sweep at \d+ s, ETA (-|\d+:\d\d)\)$", nan_line)
     after = (tmp_path / "sw" / "runs" / state["good"].name / "metrics.jsonl").stat().st_mtime
     assert before == after
 

@@ -44,20 +44,23 @@ def test_kl_monitor_fires_above_and_below_target(tiny_model_dir, tmp_path, caplo
     def reward(prompts, responses):  # a signal the tiny model can follow, so the KL grows
         return [float(len(r) % 3) for r in responses]
 
-    def go(name, target):
+    def go(name, target, warmup=0):
         cfg = RLHFConfig(model=str(tiny_model_dir), out=str(tmp_path / name),
                          **{**TINY, "iterations": 5, "lr": 1e-2, "target": target},
-                         kl_estimator="k3",
-                         controller="fixed", monitor_patience=2)
+                         kl_estimator="k3", controller="fixed", monitor_patience=2,
+                         monitor_warmup=warmup)
         return run(cfg, reward=reward).metrics
 
-    high = go("hi", 1e-12)
+    high = go("hi", 1e-12, warmup=5)  # the warm-up holds back "too low" only
     assert all(r["kl"] > 2e-12 for r in high[1:])
     assert [r["kl_alarm_high"] for r in high][2:] == [1.0] * 3
     assert "stayed above 2x its target" in caplog.text
     low = go("lo", 1e9)
     assert [r["kl_alarm_low"] for r in low][1:] == [1.0] * 4
     assert "stayed below 0.5x its target" in caplog.text
+    # a warm-up of 2 iterations: counted from iteration 3, so 2 in a row at iteration 4
+    late = go("late", 1e9, warmup=2)
+    assert [r["kl_alarm_low"] for r in late] == [0.0, 0.0, 0.0, 1.0, 1.0]
 
 
 def test_per_token_mean_all_counts_padding():

@@ -239,8 +239,8 @@ def test_signal_finishes_the_iteration_checkpoints_and_stops(sig, tiny_model_dir
                               ["in use by", f"pid {proc.pid}"])
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    assert "status: interrupted" in out and "--resume" in out
+    assert proc.returncode == 128 + sig, err  # 130 for SIGINT, 143 for SIGTERM
+    assert "status: interrupted" in out and f"klppo rlhf --resume {run}" in out
     n = len(read_metrics(run / "metrics.jsonl")[0])
     assert 3 <= n < 3000
     assert torch.load(run / "checkpoint.pt", weights_only=False)["iteration"] == n

@@ -41,6 +41,27 @@ def test_monitor_rules_and_negative_estimates():
         KLMonitor(0.02, high=0.5)
 
 
+def test_warmup_holds_back_too_low_until_the_kl_reached_the_band_or_the_warmup_ended():
+    """The rule: "too low" counts from update warmup + 1, or from the update where the KL first
+    reached low * target; "too high" is never held back."""
+    ramp = KLMonitor(6.0, patience=2, warmup=3)  # low band: 3.0
+    assert [ramp.update(k).low for k in (0.1, 0.5, 1.0, 1.5, 2.0, 2.5)] == \
+        [False, False, False, False, True, True]  # counted from update 4: below twice at 5
+    reached = KLMonitor(6.0, patience=2, warmup=100)
+    assert [reached.update(k).low for k in (0.1, 4.0, 1.0, 1.0)] == [False, False, False, True]
+    high = KLMonitor(6.0, patience=2, warmup=100)
+    assert [high.update(k).high for k in (20.0, 20.0)] == [False, True]
+    state = ramp.state_dict()
+    again = KLMonitor(6.0, patience=2, warmup=3)
+    again.load_state_dict(state)
+    assert again.update(1.0).low  # the counters survive a checkpoint
+    old = KLMonitor(6.0, patience=1, warmup=3)
+    old.load_state_dict({"above": 0, "below": 0})  # a checkpoint from before the warm-up
+    assert old.update(1.0).low
+    with pytest.raises(ValueError):
+        KLMonitor(0.02, warmup=-1)
+
+
 def test_clip_runs_have_no_kl_flags(tmp_path):
     cfg = dataclasses.replace(rl.preset("klip/cartpole"), total_steps=1024, tensorboard=False,
                               out=str(tmp_path / "c"))

@@ -307,3 +307,20 @@ def test_non_finite_weights_are_refused_by_eval_and_load(reader, runs, tmp_path,
 
         with pytest.raises(CheckpointError, match="non-finite"):
             klppo.load(run)
+
+
+def test_a_checkpoint_older_than_a_config_field_resumes_at_its_default(tmp_path):
+    """A field added to the config after a checkpoint was written is absent from it: the
+    checkpoint ran with the field's default (every new field's default keeps the old
+    behaviour), so config.yaml at the default resumes and any other value is refused."""
+    from klppo.rl.config import TrainConfig, to_dict
+    from klppo.rl.lifecycle import ResumeError, _check_config
+
+    cfg = TrainConfig()
+    saved = to_dict(cfg)
+    del saved["kl"]["monitor_patience"], saved["ppo"]["ent_coef"]
+    _check_config(tmp_path, cfg, saved)  # both at their defaults
+    edited = dataclasses.replace(cfg, kl=dataclasses.replace(cfg.kl, monitor_patience=5))
+    with pytest.raises(ResumeError, match=r"kl.monitor_patience=5 but the checkpoint was made "
+                                          r"with 3"):
+        _check_config(tmp_path, edited, saved)

@@ -241,8 +241,8 @@ def test_ctrl_c_checkpoints_and_exits_cleanly(tmp_path):
     wait_for_lines(metrics, 3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    assert "status: interrupted" in out
+    assert proc.returncode == 130, err  # 128 + SIGINT, as a shell reports a Ctrl-C
+    assert "status: interrupted" in out and f"klppo train --resume {run}" in out
     n = len(metrics.read_text().splitlines())
     assert n < 100
     ck = torch.load(run / "checkpoint.pt", weights_only=False)
@@ -259,14 +259,43 @@ def test_tensorboard_events_when_installed(tmp_path):
 
     acc = EventAccumulator(str(res.run_dir))
     acc.Reload()
-    tags = acc.Tags()["scalars"]
-    assert "charts/episode_return_mean" in tags and "kl/kl_rollout" in tags
-    assert "policy/frac_kill" in tags and "losses/loss_critic" in tags
-    from klppo.runs.metrics import CLEANRL_NAMES
+    tags = set(acc.Tags()["scalars"])
+    from klppo.runs.names import dashboard_scalars
 
-    assert set(CLEANRL_NAMES.values()) <= set(tags)  # CleanRL's names next to klppo's
-    ret = [e.value for e in acc.Scalars("charts/episodic_return")]
+    # each quantity once, under klppo's name (no CleanRL alias next to it, no kl/kl_ prefix)
+    assert tags == set().union(*(dashboard_scalars(m) for m in res.metrics))
+    assert {"charts/episode_return_mean", "kl/rollout", "policy/frac_kill",
+            "losses/loss_critic"} <= tags
+    assert "charts/episodic_return" not in tags and "kl/kl_rollout" not in tags
+    ret = [e.value for e in acc.Scalars("charts/episode_return_mean")]
     assert ret == pytest.approx([m["episode_return_mean"] for m in res.metrics
                                  if m["episode_return_mean"] is not None])
+    # the config as hyperparameters: the HPARAMS plugin's data and a text table
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    lr = res.metrics[0]["lr"]  # the first iteration's lr is the configured one
+    assert start.hparams["ppo.lr"].number_value == pytest.approx(lr)
+    assert start.hparams["objective"].string_value == "clip"
+    text = acc.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert f"|ppo.lr|{lr}|" in text and "|env|CartPole-v1|" in text
+
+
+def test_tensorboard_with_cleanrl_names_logs_them_instead(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from klppo.runs.names import ALIASES
+
+    cfg = dataclasses.replace(small(tmp_path / "tb", steps=1024), tensorboard=True,
+                              metric_names="cleanrl")
+    res = rl.train(cfg)
+    acc = EventAccumulator(str(res.run_dir))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {name for name, _ in ALIASES["cleanrl"].values()} <= tags
+    assert "charts/episode_return_mean" not in tags and "charts/lr" not in tags
+    assert "kl/rollout" in tags  # no CleanRL name: klppo's
     assert [e.step for e in acc.Scalars("losses/approx_kl")] == \
         [m["global_step"] for m in res.metrics]
