@@ -73,12 +73,14 @@ def test_trl_grpo_adaptive_kl_tiny_writes_the_rlhf_report(tmp_path, capsys):
     `klppo rlhf compare` and its report; fixed arms keep beta, adaptive arms follow the rule."""
     pytest.importorskip("trl")
     import importlib.util
+    import sys
 
     from klppo.core.controllers import make_controller
     from klppo.runs.metrics import read_metrics
 
     spec = importlib.util.spec_from_file_location("trl_grpo", EXAMPLES / "trl_grpo_adaptive_kl.py")
     example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example  # its dataclasses look the module up
     spec.loader.exec_module(example)
     assert example.main(["--tiny", "--out", str(tmp_path)]) == 0
     s = example.TINY
