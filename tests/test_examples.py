@@ -65,3 +65,40 @@ def test_examples_mujoco_1m_specs_are_the_demo_comparison_per_task(folder, versi
         assert len(plans) == 20 and {p.seed for p in plans} == set(range(5))
         assert {(p.config.env, p.config.total_steps) for p in plans} == \
             {(f"{env}-{version}", 1_000_000)}
+
+
+@pytest.mark.slow
+def test_trl_grpo_adaptive_kl_tiny_writes_the_rlhf_report(tmp_path, capsys):
+    """examples/trl_grpo_adaptive_kl.py --tiny: four GRPO arms through TRL, the run files of
+    `klppo rlhf compare` and its report; fixed arms keep beta, adaptive arms follow the rule."""
+    pytest.importorskip("trl")
+    import importlib.util
+    import sys
+
+    from klppo.core.controllers import make_controller
+    from klppo.runs.metrics import read_metrics
+
+    spec = importlib.util.spec_from_file_location("trl_grpo", EXAMPLES / "trl_grpo_adaptive_kl.py")
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example  # its dataclasses look the module up
+    spec.loader.exec_module(example)
+    assert example.main(["--tiny", "--out", str(tmp_path)]) == 0
+    s = example.TINY
+    arms = {"fixed_strong": s.strong_beta, "adaptive_from_strong": s.strong_beta,
+            "fixed_weak": s.weak_beta, "adaptive_from_weak": s.weak_beta}
+    for arm, beta in arms.items():
+        recs, bad = read_metrics(tmp_path / "runs" / f"{arm}__0" / "metrics.jsonl")
+        assert bad == 0 and [r["iteration"] for r in recs] == list(range(1, s.steps + 1))
+        assert [r["iteration"] for r in recs if "held_out_perplexity" in r] == [1, 4, 8, 12]
+        assert all(len(r["samples"]) == 4 for r in recs if "samples" in r)
+        ctrl = make_controller("fixed", beta=beta) if arm.startswith("fixed") else \
+            make_controller(s.controller, beta=beta, target=s.target, beta_min=1e-4,
+                            horizon=s.horizon)
+        for r in recs:
+            assert r["beta"] == ctrl.value and r["kl_unit"] == s.unit
+            ctrl.update(r["kl"], n_steps=s.prompts_per_step * s.completions_per_prompt)
+            assert r["beta_after"] == ctrl.value
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert all(f"| {arm} | 1 |" in summary for arm in arms)
+    assert (tmp_path / "report" / "report.html").is_file()
+    assert "report:" in capsys.readouterr().out

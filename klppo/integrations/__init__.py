@@ -3,7 +3,9 @@
 * :mod:`klppo.integrations.torchrl` (``pip install 'klppo[torchrl]'``): drop-in replacements for
   TorchRL's ``KLPENPPOLoss`` and ``ClipPPOLoss`` whose KL penalty, beta controller and
   per-sample KL template come from :mod:`klppo.core`.
+* :mod:`klppo.integrations.trl` (``pip install 'klppo[trl]'``): a ``TrainerCallback`` that drives
+  the KL coefficient of TRL's ``GRPOTrainer`` / ``RLOOTrainer`` from a klppo controller.
 
 This package imports only ``klppo.core`` and ``klppo.nn`` (see ``tests/test_layers.py``);
-importing it does not import any third-party ecosystem.
+importing it does not import any third-party ecosystem (each subpackage imports its own).
 """

@@ -53,7 +53,11 @@ def check_model_dir(path: str | Path, what: str = "model", kind: str = "causal")
     ``kind`` (``"causal"``: a causal LM; ``"classifier"``: sequence classification; None: any).
     The weights are not loaded."""
     from klppo.lm.config import ConfigError
+    from klppo.lm.pretrained import is_named_model, smollm2_gguf
 
+    if kind in ("causal", None) and is_named_model(path):
+        smollm2_gguf(what)  # the extra is installed (nothing is loaded)
+        return
     p = Path(path)
     name = f"{what}={str(p)!r}"
     hint = f"pretrain one with `klppo lm pretrain --out {p}` or pass a HF model directory"
@@ -112,15 +116,19 @@ def _first_line(e: BaseException) -> str:
 
 
 def load_lm(path: str | Path):
-    """``(model, tokenizer)`` from a Hugging Face directory (any local causal LM).
+    """``(model, tokenizer)`` from a Hugging Face directory (any local causal LM), or of a
+    shipped model named in :data:`klppo.lm.pretrained.NAMED_MODELS` (``smollm2``).
 
     A directory that is not one raises ``ConfigError`` naming ``model`` and the path."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from klppo.lm.config import ConfigError
+    from klppo.lm.pretrained import is_named_model, load_named
 
-    path = Path(path)
     check_model_dir(path)
+    if is_named_model(path):
+        return load_named(str(path))
+    path = Path(path)
     try:
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path)

@@ -39,6 +39,12 @@ class PretrainConfig:
     vocab_size: int = field(default=2048, metadata=at_least(
         257, text="must be an integer >= 257 (256 bytes + the end-of-text token)"))
     """BPE vocabulary size"""
+    n_embd: int = field(default=128, metadata=at_least(1))
+    """GPT-2 width (a multiple of n_head)"""
+    n_layer: int = field(default=4, metadata=at_least(1))
+    """GPT-2 layers"""
+    n_head: int = field(default=4, metadata=at_least(1))
+    """attention heads"""
     seed: int = field(default=0, metadata=below(2**32, text="must be an integer in [0, 2**32)"))
     """seed of the initialisation and the batch order"""
     torch_threads: int = field(default=1, metadata=at_least(1))
@@ -61,6 +67,8 @@ def validate_pretrain(cfg: PretrainConfig) -> PretrainConfig:
         except TypeCheckError as e:
             raise ConfigError(str(e)) from None
     check_ranges(cfg)
+    if cfg.n_embd % cfg.n_head:
+        raise ConfigError(f"n_embd={cfg.n_embd!r}: must be a multiple of n_head={cfg.n_head}")
     try:
         check_writable(cfg.out)
         resolve_device(cfg.device)
@@ -120,7 +128,8 @@ def pretrain(cfg: PretrainConfig,
     tok = train_tokenizer(split.train, cfg.vocab_size)
     train_ids, held_ids = encode(tok, split.train), encode(tok, split.held_out)
     t_tok = time.perf_counter() - t0
-    model = small_gpt2(len(tok), n_positions=max(128, cfg.seq_len), seed=cfg.seed)
+    model = small_gpt2(len(tok), n_positions=max(128, cfg.seq_len), n_embd=cfg.n_embd,
+                       n_layer=cfg.n_layer, n_head=cfg.n_head, seed=cfg.seed)
     device = resolve_device(cfg.device)
     model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)

@@ -1,0 +1,206 @@
+"""The ``TrainerCallback`` that drives a TRL trainer's beta from a klppo controller.
+
+Cadence: one controller update per training log that holds the trainer's KL (``logging_steps``
+optimiser steps). The update happens in ``on_log``, after TRL has averaged the window's metrics
+and before the checkpoint of the same step is written, so the new beta is used from the next
+optimiser step on and is part of that checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from klppo.core.controllers import KLController, make_controller
+from klppo.integrations.trl import state as S
+from klppo.integrations.trl.trainers import (
+    UNITS,
+    TrainerKL,
+    TRLIntegrationError,
+    conversion_problem,
+    resolve,
+    to_unit,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KLControlCallback", "attach", "PREFIX"]
+
+#: prefix of the metrics the callback adds to the trainer's logs
+PREFIX = "klppo/"
+
+
+class KLControlCallback(TrainerCallback):
+    """Feeds ``controller`` the KL ``trainer`` logs (stated in ``unit``) and writes the new beta
+    into the trainer. Build it with :func:`attach`, which checks everything first.
+
+    ``history`` holds one record per training log: the logged KL (TRL's value, its estimator,
+    direction and unit), the value fed to the controller (in ``unit``), the mean completion
+    length used to convert it, the beta used during the window and the beta after the update.
+    """
+
+    def __init__(self, trainer: Any, controller: KLController, unit: str,
+                 spec: TrainerKL) -> None:
+        self.trainer, self.controller, self.unit, self.spec = trainer, controller, unit, spec
+        self.history: list[dict[str, Any]] = []
+        self._last_update_step = 0
+        self._beta_set = float(getattr(trainer, spec.beta_attr))
+
+    # ------------------------------------------------------------------ events
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step > 0:
+            self._restore(Path(args.output_dir) / f"checkpoint-{state.global_step}",
+                          state.global_step)
+        elif self.controller.num_updates:
+            raise RuntimeError(
+                f"controller has been updated {self.controller.num_updates} times already: a "
+                "new training run needs a fresh controller (or resume_from_checkpoint)")
+        self._set_beta(self.controller.value)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:  # evaluation logs and the end-of-training summary
+            return
+        rec = self._update(args, state, logs)
+        numbers = {f"{PREFIX}{k}": rec[k] for k in ("kl", "kl_target", "beta", "beta_next",
+                                                    "relative_error", "error_clipped",
+                                                    "mean_length", "n_steps", "updated")
+                   if rec[k] is not None}
+        logs.update(numbers)  # the reporters after this callback (attach puts it first) see them
+        last = state.log_history[-1] if state.log_history else None
+        if last is not None and last.get("step") == state.global_step and \
+                last.get("loss") == logs["loss"]:
+            last.update(numbers)  # trainer_state.json (saved with the checkpoint) keeps them
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if not ckpt.is_dir():
+            raise RuntimeError(f"{ckpt}: the trainer's checkpoint is not where the callback "
+                               "expects it (output_dir/checkpoint-STEP)")
+        S.write_state(ckpt, {**self._identity(), "global_step": state.global_step,
+                             "last_update_step": self._last_update_step,
+                             "controller": self.controller.state_dict()})
+
+    # ------------------------------------------------------------------ pieces
+    def _identity(self) -> dict[str, Any]:
+        return {"trainer": self.spec.name, "unit": self.unit, "estimator": self.spec.estimator,
+                "settings": S.settings_of(self.controller)}
+
+    def _restore(self, ckpt: Path, step: int) -> None:
+        saved = S.read_state(ckpt, {**self._identity(), "global_step": step})
+        self.controller.load_state_dict(saved["controller"])
+        self._last_update_step = int(saved["last_update_step"])
+        log.info("klppo: controller restored from %s (beta %.6g after %d updates)", ckpt,
+                 self.controller.value, self.controller.num_updates)
+
+    def _set_beta(self, beta: float) -> None:
+        setattr(self.trainer, self.spec.beta_attr, beta)
+        self._beta_set = beta
+
+    def _update(self, args, state, logs: dict[str, Any]) -> dict[str, Any]:
+        spec, ctrl = self.spec, self.controller
+        beta = float(getattr(self.trainer, spec.beta_attr))
+        if beta != self._beta_set:
+            raise RuntimeError(f"{spec.class_name}.beta was changed to {beta} outside the klppo "
+                               f"controller (which set {self._beta_set})")
+        logged = logs.get(spec.log_key)
+        length = logs.get("completions/mean_length")
+        rec: dict[str, Any] = {
+            "step": state.global_step, "kl_logged": logged, "logged_unit": spec.logged_unit,
+            "estimator": spec.estimator, "direction": spec.direction, "unit": self.unit,
+            "mean_length": length, "kl_target": ctrl.target, "beta": beta}
+        if logged is None:
+            if spec.kl_in_every_log:
+                raise RuntimeError(f"step {state.global_step}: {spec.class_name} logged no "
+                                   f"{spec.log_key!r}; the controller has no KL to follow")
+            # RLOO: no generation in this window, hence no new KL: beta stays
+            rec.update(kl=None, beta_next=beta, relative_error=None, error_clipped=None,
+                       n_steps=0, updated=0)
+            self.history.append(rec)
+            return rec
+        observed = to_unit(float(logged), spec.logged_unit, self.unit, length)
+        n = (state.global_step - self._last_update_step) * args.per_device_train_batch_size \
+            * args.gradient_accumulation_steps * args.world_size
+        ctrl.update(observed, n_steps=max(1, n))
+        self._last_update_step = state.global_step
+        self._set_beta(ctrl.value)
+        info = ctrl.info
+        assert info is not None
+        rec.update(kl=observed, beta_next=ctrl.value, relative_error=info.relative_error,
+                   error_clipped=float(info.error_clipped), n_steps=n, updated=1)
+        self.history.append(rec)
+        return rec
+
+
+def attach(trainer: Any, controller: KLController | str, *, unit: str,
+           **options: Any) -> KLControlCallback:
+    """Drive ``trainer.beta`` (TRL ``GRPOTrainer`` or ``RLOOTrainer``) from a klppo controller.
+
+    Args:
+        trainer: the TRL trainer, built with its initial beta > 0.
+        controller: a :class:`~klppo.core.controllers.KLController`, or a controller name for
+            :func:`~klppo.core.controllers.make_controller` with ``options`` (``beta`` defaults
+            to the trainer's). Its target is in ``unit``, nats of KL(policy || reference).
+        unit: ``per_token_mean`` or ``per_sequence_sum``: the unit of the target and of the KL
+            fed to the controller. The trainer's logged per-token mean is converted with the
+            logged mean completion length of the same batch when the units differ.
+
+    Returns the callback, inserted right after transformers' flow callback so the log
+    reporters (TensorBoard, W&B, the progress printer) see the ``klppo/*`` metrics.
+    Raises :class:`TRLIntegrationError` (one line) for anything that cannot work, before
+    training starts.
+    """
+    import trl
+
+    from klppo.integrations.trl.trainers import check_trl_version
+
+    check_trl_version(trl.__version__)
+    spec = resolve(trainer)
+    if unit not in UNITS:
+        raise TRLIntegrationError(f"unit={unit!r}: must be one of {', '.join(UNITS)}")
+    if unit != spec.logged_unit:
+        why = conversion_problem(spec, trainer.args)
+        if why is not None:
+            raise TRLIntegrationError(
+                f"unit={unit!r}: {spec.class_name} logs a {spec.logged_unit} KL, and with "
+                f"{why}; use unit={spec.logged_unit!r} or change those settings")
+    if trainer.args.logging_strategy == "no":
+        raise TRLIntegrationError("logging_strategy='no': the controller is fed on each log")
+    ctrl = _controller(trainer, spec, controller, options)
+    if any(isinstance(c, KLControlCallback) for c in trainer.callback_handler.callbacks):
+        raise TRLIntegrationError(f"{spec.class_name}: a klppo controller is already attached")
+    cb = KLControlCallback(trainer, ctrl, unit, spec)
+    callbacks = trainer.callback_handler.callbacks
+    first = next((i + 1 for i, c in enumerate(callbacks)
+                  if type(c).__name__ == "DefaultFlowCallback"), 0)
+    callbacks.insert(first, cb)
+    return cb
+
+
+def _controller(trainer: Any, spec: TrainerKL, controller: KLController | str,
+                options: dict[str, Any]) -> KLController:
+    beta = float(getattr(trainer, spec.beta_attr))
+    if isinstance(controller, str):
+        try:
+            ctrl = make_controller(controller, **{"beta": beta, **options})  # type: ignore[arg-type]
+        except ValueError as e:
+            raise TRLIntegrationError(f"controller={controller!r}: {e}") from None
+    elif options:
+        raise TRLIntegrationError(f"options {sorted(options)}: given with a controller object; "
+                                  "set them on the controller")
+    else:
+        ctrl = controller
+    if ctrl.value != beta:
+        raise TRLIntegrationError(
+            f"controller beta={ctrl.value} but {spec.class_name}.beta={beta}: build the trainer "
+            "with the controller's initial beta (TRL decides at construction whether to load "
+            "the reference model)")
+    if ctrl.name != "fixed" and not ctrl.beta_min > 0:
+        raise TRLIntegrationError(
+            f"controller beta_min={ctrl.beta_min}: must be > 0 (e.g. 1e-6); at beta 0 TRL skips "
+            "the reference model and the KL, so the controller could never raise it again")
+    return ctrl

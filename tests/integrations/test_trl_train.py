@@ -1,0 +1,138 @@
+"""klppo controllers driving the real TRL GRPOTrainer and RLOOTrainer on a tiny CPU model.
+
+* the betas in the trainer's logs are the controller's rule replayed on the KLs TRL logged;
+* TRL itself used those betas (read where TRL reads them: GRPO's loss, RLOO's generation);
+* the per-sequence-sum KL fed to the controller equals a hand computation on the first batch;
+* ``resume_from_checkpoint`` continues the same betas as the uninterrupted run.
+"""
+
+import copy
+import json
+
+import pytest
+
+pytest.importorskip("trl")
+
+import torch  # noqa: E402
+
+from klppo.core.controllers import make_controller  # noqa: E402
+from klppo.core.kl import per_sequence_sum, sampled_kl  # noqa: E402
+from klppo.integrations.trl import STATE_FILE, attach  # noqa: E402
+from tests.integrations.trl_setup import klppo_logs, make_trainer, tiny_lm_dir  # noqa: E402
+
+#: controller of each trainer's run (unit per_sequence_sum: the logged per-token mean is
+#: converted with the logged mean completion length)
+CONTROLLERS = {
+    "grpo": ("proportional", dict(target=0.5, horizon=8.0, beta_min=1e-3)),
+    "rloo": ("pid", dict(target=0.3, kp=0.05, ki=0.2, beta_min=1e-3)),
+}
+#: where TRL reads beta: GRPO in the loss, RLOO when it scores a generation batch
+READS_BETA = {"grpo": "_compute_loss", "rloo": "_generate_and_score_completions"}
+
+
+def _spy(trainer, kind, seen):
+    """Record trainer.beta each time TRL reads it, and the first batch with the policy's
+    weights at that moment (the weights its KL is computed with)."""
+    method = READS_BETA[kind]
+    original = getattr(trainer, method)
+    gen_original = trainer._generate_and_score_completions
+
+    def reads(*args, **kwargs):
+        seen["beta"].append((trainer.state.global_step + 1, trainer.beta))
+        return original(*args, **kwargs)
+
+    def generates(*args, **kwargs):
+        weights = copy.deepcopy(trainer.model.state_dict())
+        out = (reads if method == "_generate_and_score_completions" else gen_original)(
+            *args, **kwargs)
+        seen.setdefault("batch", (out, weights))
+        return out
+
+    setattr(trainer, method, reads)
+    trainer._generate_and_score_completions = generates
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    return tiny_lm_dir(tmp_path_factory.mktemp("trl"))
+
+
+@pytest.fixture(scope="module", params=["grpo", "rloo"])
+def run(request, lm_dir, tmp_path_factory):
+    """Four steps of each trainer with a controller attached, a checkpoint at step 2."""
+    kind = request.param
+    out = tmp_path_factory.mktemp(f"run_{kind}")
+    trainer = make_trainer(kind, lm_dir, out, perturb=0.05, eos_bias=4.0, save_strategy="steps",
+                           save_steps=2)
+    name, options = CONTROLLERS[kind]
+    cb = attach(trainer, name, unit="per_sequence_sum", **options)
+    seen = {"beta": []}
+    _spy(trainer, kind, seen)
+    trainer.train()
+    return dict(kind=kind, trainer=trainer, cb=cb, seen=seen, out=out, logs=klppo_logs(trainer))
+
+
+def test_logged_betas_are_the_rule_replayed_on_the_logged_kls(run):
+    name, options = CONTROLLERS[run["kind"]]
+    replay = make_controller(name, beta=0.1, **options)
+    logs = run["logs"]
+    assert len(logs) == 4 and all(r["klppo/updated"] == 1 for r in logs)
+    for r in logs:
+        assert r["klppo/beta"] == replay.value
+        replay.update(r["kl"] * r["completions/mean_length"], n_steps=4)  # 4 completions a step
+        assert r["klppo/beta_next"] == replay.value
+        assert r["klppo/kl"] == r["kl"] * r["completions/mean_length"]
+        assert r["klppo/kl_target"] == options["target"]
+    assert len({r["klppo/beta"] for r in logs}) == 4  # beta moved at every step
+    assert run["trainer"].beta == replay.value
+    # TRL read, at every step, the beta the controller had set after the step before
+    assert run["seen"]["beta"] == [(r["step"], r["klppo/beta"]) for r in logs]
+
+
+def test_the_converted_kl_is_the_per_sequence_sum_of_the_first_batch(run, lm_dir):
+    """Hand computation, independent of TRL: the first batch's completions scored by the
+    policy (as it was then) and the reference, TRL's estimator per token (GRPO k3, RLOO k1),
+    summed per completion over its tokens, averaged over completions."""
+    from transformers import AutoModelForCausalLM
+
+    out, weights = run["seen"]["batch"]
+    policy = AutoModelForCausalLM.from_pretrained(lm_dir)
+    policy.load_state_dict(weights)
+    ref = AutoModelForCausalLM.from_pretrained(lm_dir)
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
+    attn = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
+    mask = out["completion_mask"].bool()
+    n = mask.shape[1]
+
+    def logp(model):
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, -n - 1:-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, out["completion_ids"][..., None])[..., 0]
+
+    est = {"grpo": "k3", "rloo": "k1"}[run["kind"]]
+    kl = sampled_kl(logp(policy), logp(ref), est)
+    by_hand = float(per_sequence_sum(kl, mask).mean())
+    first = run["cb"].history[0]
+    lengths = mask.sum(1).float()
+    assert lengths.min() < lengths.max()  # the completions have different lengths
+    assert first["mean_length"] == float(lengths.mean())
+    assert first["kl"] == pytest.approx(by_hand, rel=1e-5, abs=1e-7)
+    assert abs(by_hand) > 1e-3  # the policy differs from the reference at step 1
+
+
+def test_resume_from_checkpoint_continues_the_same_betas(run, lm_dir):
+    kind, out = run["kind"], run["out"]
+    ckpt = out / "checkpoint-2"
+    saved = json.loads((ckpt / STATE_FILE).read_text())
+    assert saved["global_step"] == 2 and saved["controller"]["num_updates"] == 2
+    assert saved["controller"]["beta"] == run["logs"][1]["klppo/beta_next"]
+    trainer = make_trainer(kind, lm_dir, out, perturb=0.05, eos_bias=4.0,
+                           save_strategy="steps", save_steps=2)
+    name, options = CONTROLLERS[kind]
+    attach(trainer, name, unit="per_sequence_sum", **options)
+    trainer.train(resume_from_checkpoint=str(ckpt))
+    resumed = klppo_logs(trainer)
+    keys = ("kl", "klppo/beta", "klppo/beta_next")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # the first two from trainer_state.json
+    assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in run["logs"]]
+    assert trainer.beta == run["trainer"].beta
