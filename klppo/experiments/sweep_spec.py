@@ -247,14 +247,16 @@ def check_envs(plans: list[RunPlan]) -> None:
 
     seen: set[str] = set()
     for plan in plans:
-        if plan.config.env in seen:
+        c = plan.config
+        key = repr((c.env, sorted(c.env_kwargs.items()), c.marl.env_kwargs))
+        if key in seen:
             continue
-        seen.add(plan.config.env)
+        seen.add(key)
         try:
             if is_multiagent(plan.config.env):
                 check_multiagent(plan.config)
             else:
-                check_env(plan.config.env)
+                check_env(plan.config.env, plan.config.env_kwargs)
         except ValueError as e:  # EnvError, ConfigError: one line naming the env
             raise C.ConfigError(f"condition {plan.condition}: {e}") from None
 
