@@ -123,7 +123,7 @@ def _check_env_kwargs(cfg: Any) -> None:
 
     kw = cfg.env_kwargs
     if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):
-        raise _bad("env_kwargs", kw, "must be a mapping of argument names to values")
+        raise _bad("env_kwargs", kw, "must be a mapping of names to values")
     if not kw:
         return
     if is_multiagent(cfg.env):

@@ -114,12 +114,12 @@ def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any, extending: bool) 
     for key in sorted(set(old) | set(new)):
         if key.split(".")[0] in free or old.get(key) == new.get(key):
             continue
-        extend = (" (a new total: klppo train --resume DIR --total-steps N)"
-                  if key in EXTENSION_FIELDS else "")
+        what = ("to change the total: klppo train --resume DIR --total-steps N"
+                if key in EXTENSION_FIELDS else
+                "undo the edit or start a new run; docs/reliability.md says what may change")
         raise ResumeError(f"{path}: {key}={short_repr(new.get(key))} but the checkpoint was made "
-                          f"with {short_repr(old.get(key))}; a resume continues the same run (undo "
-                          f"the edit or start a new run{extend}; docs/reliability.md says what "
-                          f"may change)")
+                          f"with {short_repr(old.get(key))}; a resume continues the same run "
+                          f"({what})")
 
 
 def _check_metadata(run_dir: Path) -> None:

@@ -42,7 +42,7 @@ def describe(ann: Any) -> str:
     if origin is tuple:
         return f"a list of: {describe(args[0])}" if args else "a list"
     if origin is dict:
-        return f"a mapping of {describe(args[0])} keys" if args else "a mapping"
+        return "a mapping of names to values" if args and args[0] is str else "a mapping"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     return names.get(ann, getattr(ann, "__name__", str(ann)))
 
