@@ -138,3 +138,28 @@ def test_usage_states_predict_as_stable_baselines3_does():
     assert ("predict(observation, state=None, episode_start=None, deterministic=False) -> "
             "(action, state)") in text
     assert "a sampled action unless `deterministic=True`" in text
+
+
+MIGRATING = (ROOT / "docs" / "migrating.md").read_text()
+MIGRATING_COMMANDS = _commands(MIGRATING)
+
+
+def test_migrating_covers_the_peers():
+    for peer in ("## Stable-Baselines3", "## CleanRL", "## RLlib", "## TorchRL", "## trlx",
+                 "## TRL"):
+        assert peer in MIGRATING
+    assert "not yet" not in MIGRATING and "issue #" not in MIGRATING
+
+
+@pytest.mark.parametrize("line, argv, files", MIGRATING_COMMANDS,
+                         ids=[c[0][:70] for c in MIGRATING_COMMANDS])
+def test_migrating_command_parses(line, argv, files):
+    from tests.test_docs_cli import _check_lm, _check_train
+
+    if argv[0] == "train":
+        _check_train(argv[1:])
+        from klppo.cli.train import parse_train
+
+        assert parse_train(argv[1:]).env  # a whole, valid config
+    else:
+        _check_lm(argv)
