@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev
 
-.PHONY: venv demo demo-table test test-all lint bench rlhf clean
+.PHONY: venv demo demo-table test test-all lint api bench rlhf clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,14 @@ test-all: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check klppo tests benchmarks tools examples
 	$(BIN)/mypy
+
+# The API reference, generated from the docstrings with pdoc (the docs extra, installed here if
+# missing): build/api/index.html, one page per module (build/ is not committed).
+api:
+	$(MAKE) venv
+	$(BIN)/python -c "import pdoc" 2>/dev/null || \
+		$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[docs]'
+	$(BIN)/python tools/build_api.py build/api
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_losses.py

@@ -14,18 +14,19 @@ README = (ROOT / "README.md").read_text()
 
 #: top-level modules of optional extras: a block that needs a missing one is skipped
 EXTRAS = {"transformers", "tokenizers", "vaderSentiment", "ray", "wandb", "mujoco", "Box2D",
-          "torchrl", "tensordict", "tensorboard"}
+          "torchrl", "tensordict", "tensorboard", "onnx", "onnxscript", "onnxruntime",
+          "moviepy"}
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, re.S)
+def _blocks(lang: str, text: str = README) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
 
 
-def _commands() -> list[tuple[str, list[str], dict[str, str]]]:
+def _commands(text: str = README) -> list[tuple[str, list[str], dict[str, str]]]:
     """``(line, argv after 'klppo', heredoc files written earlier in the block)`` for every
-    `klppo` line of the README's bash blocks (continuations joined, comments dropped)."""
+    `klppo` line of the bash blocks of ``text`` (continuations joined, comments dropped)."""
     out = []
-    for block in _blocks("bash"):
+    for block in _blocks("bash", text):
         lines, files, i = block.splitlines(), {}, 0
         while i < len(lines):
             line = lines[i]
@@ -73,7 +74,8 @@ def _check_train(argv: list[str]) -> None:
 
     parsed = parse_train(argv)
     if "--resume" in argv:
-        assert parsed == argv[argv.index("--resume") + 1]
+        run_dir = getattr(parsed, "run_dir", parsed)  # a Resume with --total-steps
+        assert run_dir == argv[argv.index("--resume") + 1]
     elif "--ppo.lr" in argv:  # flags win over the --config file
         assert parsed.ppo.lr == float(argv[argv.index("--ppo.lr") + 1])
 

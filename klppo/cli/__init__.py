@@ -65,7 +65,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def find_modules_in_cwd() -> str | None:
+    """Let ``--env mymodule:Env-v0`` import ``mymodule.py`` from the working directory, as
+    ``python -m`` would (the ``klppo`` script's own ``sys.path`` starts at its folder): the
+    working directory goes at the **end** of ``sys.path``, so it never shadows an installed
+    package. The command line only: the library imports what ``sys.path`` holds. Returns the
+    entry added (None: it was there already)."""
+    import os
+
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working directory was removed
+        return None
+    if any(p in ("", ".", cwd) for p in sys.path):
+        return None
+    sys.path.append(cwd)
+    return cwd
+
+
 def main(argv: list[str] | None = None) -> int:
+    added = find_modules_in_cwd()
+    try:
+        return _main(argv)
+    finally:  # a caller in the same process (a test, a notebook) gets its sys.path back
+        if added is not None and added in sys.path:
+            sys.path.remove(added)
+
+
+def _main(argv: list[str] | None) -> int:
     import logging
 
     argv = list(sys.argv[1:] if argv is None else argv)

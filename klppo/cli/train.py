@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from klppo.cli.errors import (
@@ -21,8 +22,8 @@ from klppo.cli.flags import Once, RaisingParser, name_arg, parse_config_flags, p
 from klppo.cli.progress import Bar, NumericWarnings, Part
 from klppo.runs.errors import RunFailed
 
-USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [FLAGS...]
-       klppo train --resume RUN_DIR
+USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [--env-kwargs MAPPING] [FLAGS...]
+       klppo train --resume RUN_DIR [--total-steps N]
 
 Train PPO (any objective, any KL controller) on a Gymnasium or PettingZoo env into a run
 directory: config.yaml, metrics.jsonl, checkpoints, TensorBoard events. Ctrl-C or SIGTERM
@@ -35,7 +36,12 @@ Where the defaults come from (the config flags below override them):
                       klip/ant-v5, klip/humanoid-v5 (the same settings on MuJoCo v5);
                       marl/simple_adversary, marl/simple_adversary_continuous (multi-agent)
   --config FILE.yaml  a YAML mapping of config fields, over the preset (e.g. examples/my.yaml)
-  --resume RUN_DIR    continue a run from its last checkpoint (its config.yaml; no other flags)"""
+  --env-kwargs MAPPING
+                      keyword arguments of gym.make for the env, a YAML or JSON mapping, e.g.
+                      '{continuous: true}' (recorded in config.yaml as env_kwargs)
+  --resume RUN_DIR    continue a run from its last checkpoint (its config.yaml; no other flags
+                      but --total-steps N, which sets a new total: the learning rate anneals
+                      on from where it was to 0 at the new end)"""
 
 
 class Progress:
@@ -138,22 +144,59 @@ _REPORTED = (*REPORTED, ImportError)
 
 def parse_train(argv: list[str]):
     """What ``klppo train ARGV`` would run, without running it: the validated ``TrainConfig``,
-    or the run directory (a ``str``) of ``--resume``. Bad input raises a
+    or the run directory (a ``str``) of ``--resume`` (a :class:`Resume` with
+    ``--total-steps``). Bad input raises a
     :class:`~klppo.runs.errors.UserInputError` (or ``OSError``, ``ValueError``) with the
     one-line message the command prints; ``--help`` exits 0."""
     from klppo.rl import config as C
 
-    pre = RaisingParser(prog="klppo train", add_help=False)
+    pre = RaisingParser(prog="klppo train", add_help=False, allow_abbrev=False)
     pre.add_argument("--preset", type=name_arg, action=Once)
     pre.add_argument("--config", type=path_arg, action=Once)
     pre.add_argument("--resume", type=path_arg, action=Once)
+    pre.add_argument("--env-kwargs", "--env_kwargs", dest="env_kwargs", action=Once)
     known, rest = pre.parse_known_args(argv)
     if known.resume is not None:
-        if rest or known.preset or known.config:
-            raise FlagError("--resume takes no other flags (the run's config.yaml is used)")
-        return known.resume
+        return _resume_request(known, rest)
     base = _load_base(known)
+    if known.env_kwargs is not None:
+        base = C.from_dict({"env_kwargs": _mapping(known.env_kwargs)}, base)
     return C.validate(parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE))
+
+
+def _mapping(text: str) -> dict:
+    """``--env-kwargs``' value: a YAML (or JSON) mapping."""
+    from klppo.cli.flags import yaml_value
+
+    value = yaml_value(text, f"--env-kwargs={text!r}")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FlagError(f"--env-kwargs={text!r}: must be a mapping, e.g. '{{continuous: true}}'")
+    return value
+
+
+def _resume_request(known: argparse.Namespace, rest: list[str]) -> str | Resume:
+    """``--resume DIR`` alone (the directory), or with ``--total-steps N`` (a :class:`Resume`
+    that sets the run's new total)."""
+    pre = RaisingParser(prog="klppo train", add_help=False, allow_abbrev=False)
+    pre.add_argument("--total-steps", "--total_steps", dest="total_steps", type=int,
+                     action=Once)
+    steps, other = pre.parse_known_args(rest)
+    if other or known.preset or known.config or known.env_kwargs is not None:
+        raise FlagError("--resume takes no other flags but --total-steps N (the run's "
+                        "config.yaml is used)")
+    if steps.total_steps is None:
+        return known.resume
+    return Resume(known.resume, steps.total_steps)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """``klppo train --resume RUN_DIR --total-steps N``: continue the run to a new total."""
+
+    run_dir: str
+    total_steps: int
 
 
 def run(argv: list[str]) -> int:
@@ -176,12 +219,14 @@ def run(argv: list[str]) -> int:
 
 
 def _start(cfg):
-    """Train ``cfg`` (a ``TrainConfig``), or resume the run directory ``cfg`` (a ``str``)."""
-    from klppo.rl.trainer import read_run_config, resume, train
+    """Train ``cfg`` (a ``TrainConfig``), or resume the run directory ``cfg`` (a ``str``, or a
+    :class:`Resume` with a new total)."""
+    from klppo.rl.trainer import plan_resume, resume, train
 
-    if isinstance(cfg, str):
-        with _progress(read_run_config(cfg)) as progress:
-            return resume(cfg, on_iteration=progress)
+    if isinstance(cfg, (str, Resume)):
+        run_dir, total = (cfg, None) if isinstance(cfg, str) else (cfg.run_dir, cfg.total_steps)
+        with _progress(plan_resume(run_dir, total)) as progress:
+            return resume(run_dir, on_iteration=progress, total_steps=total)
     with _progress(cfg) as progress:
         return train(cfg, on_iteration=progress)
 

@@ -246,10 +246,12 @@ def check_envs(plans: list[RunPlan]) -> None:
     from klppo.rl.envs import check_env
     from klppo.rl.marl.spec import check_multiagent, is_multiagent
 
-    seen: set[tuple[str, bool]] = set()
+    seen: set[str] = set()
     for plan in plans:  # an env once (twice if some objective needs discrete actions)
-        cls = OBJECTIVES.get(plan.config.objective)
-        key = (plan.config.env, bool(cls and cls.needs_probabilities))
+        c = plan.config
+        cls = OBJECTIVES.get(c.objective)
+        key = repr((c.env, sorted(c.env_kwargs.items()), c.marl.env_kwargs,
+                    bool(cls and cls.needs_probabilities)))
         if key in seen:
             continue
         seen.add(key)
@@ -257,7 +259,7 @@ def check_envs(plans: list[RunPlan]) -> None:
             if is_multiagent(plan.config.env):
                 check_multiagent(plan.config)
             else:
-                check_env(plan.config.env, plan.config.objective)
+                check_env(c.env, c.env_kwargs, c.objective)
         except ValueError as e:  # EnvError, ConfigError: one line naming the env
             raise C.ConfigError(f"condition {plan.condition}: {e}") from None
 

@@ -1,5 +1,6 @@
 """Bounds on a training config beyond its fields' own ranges: every float finite, sizes that fit
-in memory, output paths that name a directory, and multi-agent settings only where they apply.
+in memory, output paths that name a directory, env keyword arguments that are plain data, and
+multi-agent settings only where they apply.
 
 Called by :func:`klppo.rl.config.validate`; every problem is a
 :class:`~klppo.rl.config.ConfigError` naming the field and the value. The bounds and why are in
@@ -43,6 +44,7 @@ def check(cfg: Any) -> None:
     _check_sizes(cfg)
     _check_paths(cfg)
     _check_marl(cfg)
+    _check_env_kwargs(cfg)
     _check_applies(cfg)
 
 
@@ -96,6 +98,41 @@ def _check_marl(cfg: Any) -> None:
             raise _bad(f"marl.{f.name}", getattr(cfg.marl, f.name),
                        f"multi-agent settings apply only to a pettingzoo:MODULE env, not "
                        f"env={cfg.env!r}")
+
+
+#: what an env keyword argument may hold: what a YAML or JSON config can write back
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if depth > 20:
+        return False
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _check_env_kwargs(cfg: Any) -> None:
+    """``env_kwargs``: a mapping of names to plain data (the run's config.yaml records it),
+    for a single-agent env (a PettingZoo env takes ``marl.env_kwargs``)."""
+    from klppo.rl.marl.spec import is_multiagent
+
+    kw = cfg.env_kwargs
+    if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):
+        raise _bad("env_kwargs", kw, "must be a mapping of names to values")
+    if not kw:
+        return
+    if is_multiagent(cfg.env):
+        raise _bad("env_kwargs", kw, "a pettingzoo:MODULE env takes its arguments as "
+                   "marl.env_kwargs key=value")
+    for k, v in kw.items():
+        if not _plain(v):
+            raise _bad(f"env_kwargs.{k}", v, "must be plain data (a string, number, bool, "
+                       "null, list or mapping), as a config file writes it")
 
 
 def _check_applies(cfg: Any) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from tyro.conf import Suppress
 
 from klppo.core.actuators import RuleName
 from klppo.core.advantages import NormScope
@@ -231,6 +233,9 @@ class TrainConfig:
     env: str = "CartPole-v1"
     """Gymnasium environment id, module:EnvId to import a user's module first, or
     pettingzoo:MODULE for a multi-agent PettingZoo parallel env (MODULE.parallel_env)"""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments of gym.make(env, ...) for a single-agent env: a YAML or JSON mapping,
+    e.g. --env-kwargs '{continuous: true, gravity: -9.0}' (multi-agent: marl.env_kwargs)"""
     objective: ObjectiveName = "clip"
     """clip, per_sample_kl, kl_penalty, unclipped, clip_kl; cispo, sapo, spo, sq_log_ratio,
     dppo_tv, dppo_kl, clip_cov, kl_cov (docs/algorithms.md; gspo, gmpo, trm: LM loop only)"""
@@ -264,6 +269,11 @@ class TrainConfig:
     net: NetConfig = field(default_factory=NetConfig)
     marl: MarlConfig = field(default_factory=MarlConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    lr_anneal_from: Annotated[tuple[float, ...] | None, Suppress] = None
+    """set by `klppo train --resume DIR --total-steps N` on a run whose learning rate anneals:
+    (iteration k, fraction f). After iteration k the rate goes on from f * ppo.lr (the rate of
+    iteration k) linearly towards 0 at the new end, as a new run does from ppo.lr; None: from
+    iteration 0 at ppo.lr. Not a flag."""
 
     @property
     def batch_size(self) -> int:
@@ -339,6 +349,19 @@ def _validate_numbers(cfg: TrainConfig) -> None:
             raise _bad("ppo.cov_low", lo, f"must be below ppo.cov_high={hi}")
     if p.early_stop != "none" and p.target_kl is None:
         raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
+    _validate_anneal_from(cfg)
+
+
+def _validate_anneal_from(cfg: TrainConfig) -> None:
+    a = cfg.lr_anneal_from
+    if a is None:
+        return
+    if not cfg.ppo.anneal_lr:
+        raise _bad("lr_anneal_from", a, "applies only with ppo.anneal_lr")
+    if len(a) != 2 or a[0] != int(a[0]) or not 1 <= a[0] < cfg.num_iterations \
+            or not 0 < a[1] <= 1:
+        raise _bad("lr_anneal_from", a, f"must be [iteration k, fraction f] with k a whole "
+                   f"number in [1, {cfg.num_iterations}) and f in (0, 1]")
 
 def _validate_kl(cfg: TrainConfig) -> None:
     k = cfg.kl

@@ -17,10 +17,12 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from klppo.rl.vecenv import RestoreReport, SameStepVecEnv, generator_from_state
-from klppo.runs.errors import UserInputError
+from klppo.runs.errors import ConfigError, UserInputError
+from klppo.runs.typecheck import short_repr
 
-__all__ = ["EnvError", "check_env", "space_problem", "make_vector_env", "env_state",
-           "restore_env_state", "RunningMeanStd", "ObsNormalizer", "RewardScaler"]
+__all__ = ["EnvError", "EnvKwargsError", "check_env", "make_env", "space_problem",
+           "make_vector_env", "env_state", "restore_env_state", "RunningMeanStd", "ObsNormalizer",
+           "RewardScaler"]
 
 #: gymnasium extra that provides an env family, for the error message of a failed import.
 _EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}
@@ -28,6 +30,10 @@ _EXTRAS = {"box2d": "box2d", "mujoco": "mujoco"}
 
 class EnvError(UserInputError):
     """The environment cannot be made; the message says why and what to do."""
+
+
+class EnvKwargsError(EnvError, ConfigError):
+    """``env_kwargs`` the environment does not take; the message names them."""
 
 
 def _resolve_id(env_id: str) -> str:
@@ -121,11 +127,13 @@ class CartPoleSameStep(gym.vector.VectorWrapper):
         return RestoreReport()
 
 
-def check_env(env_id: str, objective: str | None = None) -> str:
-    """Resolve ``env_id`` and import its implementation without creating it, so an unknown id
-    (close matches) or a missing extra (the pip command) fails before a run starts; then make
-    it once to check its spaces (and, for an ``objective`` that reads ``exp(logp)`` as a
-    probability, that its actions are discrete)."""
+def check_env(env_id: str, env_kwargs: dict[str, Any] | None = None,
+              objective: str | None = None) -> str:
+    """Resolve ``env_id`` and import its implementation, then make it once (with
+    ``env_kwargs``) to check its spaces, so an unknown id (close matches), a missing extra (the
+    pip command), arguments the env does not take or spaces klppo cannot train (for an
+    ``objective`` that reads ``exp(logp)`` as a probability: actions that are not discrete)
+    fail before a run starts."""
     from gymnasium.envs.registration import load_env_creator
 
     env_id = _resolve_id(env_id)
@@ -138,8 +146,15 @@ def check_env(env_id: str, objective: str | None = None) -> str:
         except Exception as e:  # noqa: BLE001 - e.g. MUJOCO_GL naming a GL library not present
             raise EnvError(f"env={env_id!r}: importing its implementation failed "
                            f"({type(e).__name__}: {e})") from None
-    _check_env_spaces(env_id, objective)
+    _check_env_spaces(env_id, env_kwargs or {}, objective)
     return env_id
+
+
+def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, **make_kwargs: Any) -> Any:
+    """One environment of a run: ``gym.make`` of the resolved id (``module:Id`` imports the
+    module first) with the run's ``env_kwargs`` and gymnasium's own ``make_kwargs`` (e.g.
+    ``render_mode``)."""
+    return gym.make(_resolve_id(env_id), **{**(env_kwargs or {}), **make_kwargs})
 
 
 def space_problem(obs_space: Any, act_space: Any) -> str | None:
@@ -169,14 +184,22 @@ def _objective_problem(objective: str, act_space: Any) -> str | None:
     return None
 
 
-def _check_env_spaces(env_id: str, objective: str | None = None) -> None:
+def _check_env_spaces(env_id: str, env_kwargs: dict[str, Any],
+                      objective: str | None = None) -> None:
     """Make the env once (then close it) and refuse spaces klppo cannot train on."""
     try:
-        env = gym.make(env_id)
+        env = gym.make(env_id, **env_kwargs)
     except (ImportError, gym.error.DependencyNotInstalled) as e:
         raise _missing_extra(env_id, e) from None
+    except TypeError as e:
+        if not env_kwargs:
+            raise EnvError(f"env={env_id!r}: cannot be created (TypeError: {str(e)[:160]})") \
+                from None
+        raise EnvKwargsError(f"env_kwargs={short_repr(env_kwargs)}: {env_id} does not take them "
+                             f"({str(e)[:160]})") from None
     except Exception as e:  # noqa: BLE001 - a user's env failing in its constructor
-        raise EnvError(f"env={env_id!r}: cannot be created ({type(e).__name__}: "
+        what = f" with env_kwargs={short_repr(env_kwargs)}" if env_kwargs else ""
+        raise EnvError(f"env={env_id!r}: cannot be created{what} ({type(e).__name__}: "
                        f"{str(e)[:160]})") from None
     try:
         problem = space_problem(env.observation_space, env.action_space)
@@ -189,12 +212,15 @@ def _check_env_spaces(env_id: str, objective: str | None = None) -> None:
 
 
 def make_vector_env(
-    env_id: str, num_envs: int, seed: int, vectorization: str = "auto"
+    env_id: str, num_envs: int, seed: int, vectorization: str = "auto",
+    env_kwargs: dict[str, Any] | None = None,
 ) -> Any:
-    """A seeded vector env with SAME_STEP autoreset whose state can be checkpointed.
+    """A seeded vector env with SAME_STEP autoreset whose state can be checkpointed; each env
+    made by ``gym.make(env_id, **env_kwargs)``.
 
     ``vectorization``: ``auto`` uses the env's numpy vector implementation where klppo has a
-    same-step adapter for it (CartPole), else klppo's own :class:`SameStepVecEnv`; ``sync``
+    same-step adapter for it (CartPole, without ``env_kwargs``), else klppo's own
+    :class:`SameStepVecEnv`; ``sync``
     forces :class:`SameStepVecEnv`; ``async`` uses Gymnasium's AsyncVectorEnv (one process per
     env; its state cannot be checkpointed, so a resumed run starts new episodes and says so).
     Raises :class:`EnvError` with close matches for an unknown id and the pip command for a
@@ -202,15 +228,18 @@ def make_vector_env(
     """
     env_id = _resolve_id(env_id)
     spec = gym.spec(env_id)
+    kwargs = dict(env_kwargs or {})
     try:
-        if vectorization == "auto" and env_id.startswith("CartPole") and spec.vector_entry_point:
+        if vectorization == "auto" and env_id.startswith("CartPole") and spec.vector_entry_point \
+                and not kwargs:
             env = CartPoleSameStep(gym.make_vec(env_id, num_envs,
                                                 vectorization_mode="vector_entry_point"))
         elif vectorization == "async":
             env = gym.make_vec(env_id, num_envs, vectorization_mode="async",
-                               vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+                               vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+                               **kwargs)
         else:
-            env = SameStepVecEnv(lambda: gym.make(env_id), num_envs, name=env_id)
+            env = SameStepVecEnv(lambda: gym.make(env_id, **kwargs), num_envs, name=env_id)
     except (ImportError, gym.error.DependencyNotInstalled) as e:
         raise _missing_extra(env_id, e) from None
     env.reset(seed=seed)

@@ -2,7 +2,9 @@
 
 Episodes use their own seeds (``seed + k`` for episode ``k``), the run's observation
 normalisation frozen at its checkpointed statistics, and deterministic actions (the mode) unless
-asked to sample. The result is written to ``RUN_DIR/eval.json`` (or ``out``).
+asked to sample. The result is written to ``RUN_DIR/eval.json`` (the next free
+``RUN_DIR/eval-N.json`` when that exists: an evaluation never overwrites another silently), or to
+``out``.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from klppo.rl.policy import Policy, load
+from klppo.rl.envs import make_env
+from klppo.rl.policy import Policy, load, run_dir_of
+from klppo.runs.errors import InputError
 from klppo.runs.paths import check_writable
 from klppo.runs.rundir import write_json_atomic
 from klppo.runs.threads import compute_threads
 
-__all__ = ["EvalResult", "RenderingUnavailable", "evaluate", "eval_path", "EVAL_FILE"]
+__all__ = ["EvalResult", "RenderingUnavailable", "evaluate", "eval_path", "read_eval",
+           "episodes_text", "EVAL_FILE"]
 
 EVAL_FILE = "eval.json"
 
@@ -39,18 +44,25 @@ class EvalResult:
     mean: float
     std: float
     videos: list[str]
+    path: str = ""
+    """where the result was written (not part of the file)"""
+
+    def to_json(self) -> dict:
+        """The file's contents."""
+        return {k: v for k, v in asdict(self).items() if k != "path"}
 
 
 def _make_env(policy: Policy, video_dir: Path | None) -> gym.Env:
-    env_id = policy.config.env.partition(":")[2] or policy.config.env
+    cfg = policy.config
+    env_id = cfg.env
     if video_dir is None:
-        return gym.make(env_id)
+        return make_env(env_id, cfg.env_kwargs)
     try:
         import moviepy  # noqa: F401
     except ImportError:
         raise RenderingUnavailable("--video needs moviepy: pip install 'klppo[video]'") from None
     try:
-        env = gym.make(env_id, render_mode="rgb_array")
+        env = make_env(env_id, cfg.env_kwargs, render_mode="rgb_array")
         env.reset(seed=0)
         frame = env.render()
     except Exception as e:  # noqa: BLE001 - any renderer can fail its own way (no GL, no display)
@@ -74,36 +86,70 @@ def _episode(env: gym.Env, policy: Policy, seed: int, deterministic: bool,
     return total, steps
 
 
-def eval_path(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Where eval.json goes (``out``, else ``RUN_DIR/eval.json``), checked before any episode
-    runs: ValueError naming the path when it is a directory or its folder is not writable (a
-    read-only run directory: write elsewhere with ``out``)."""
-    path = Path(out) if out is not None else Path(run_dir) / EVAL_FILE
-    what = "out" if out is not None else "eval.json"
+def eval_path(run_dir: str | Path, out: str | Path | None = None, force: bool = False) -> Path:
+    """Where the result goes, checked before any episode runs; an existing file is never
+    overwritten silently:
+
+    * ``out`` given: that file; one that exists is refused unless ``force``;
+    * else ``RUN_DIR/eval.json``, or when that exists the first free ``RUN_DIR/eval-N.json``
+      (N = 2, 3, ...): every evaluation is kept; ``force`` overwrites ``eval.json`` instead.
+
+    :class:`~klppo.runs.errors.InputError` naming the path when it exists (``out`` without
+    ``force``), is a directory, or its folder is missing or not writable (a read-only run
+    directory: write elsewhere with ``out``)."""
+    if out is not None:
+        path, what = Path(out), "out"
+    else:
+        path, what = _free_name(Path(run_dir), force), "eval.json"
     if path.is_dir():
-        raise ValueError(f"{what}={str(path)!r}: is a directory")
+        raise InputError(f"{what}={str(path)!r}: is a directory")
+    if out is not None and path.exists() and not force:
+        raise InputError(f"out={str(path)!r}: exists; --force overwrites it (or name another "
+                         f"file)")
     if not path.parent.is_dir():
-        raise ValueError(f"{what}={str(path)!r}: {str(path.parent)!r} is not a directory")
+        raise InputError(f"{what}={str(path)!r}: {str(path.parent)!r} is not a directory")
     try:
         check_writable(path.parent, what)
     except OSError as e:
         hint = "" if out is not None else "; write it elsewhere with --out FILE"
-        raise ValueError(f"{what}={str(path)!r}: {str(e).partition(': ')[2]}{hint}") from None
+        raise InputError(f"{what}={str(path)!r}: {str(e).partition(': ')[2]}{hint}") from None
     return path
+
+
+def _free_name(run_dir: Path, force: bool) -> Path:
+    """``eval.json`` (always, with ``force``), else the first of eval-2.json, eval-3.json, ...
+    that does not exist yet."""
+    first = run_dir / EVAL_FILE
+    if force or not (first.exists() or first.is_symlink()):
+        return first
+    n = 2
+    while (run_dir / f"eval-{n}.json").exists() or (run_dir / f"eval-{n}.json").is_symlink():
+        n += 1
+    return run_dir / f"eval-{n}.json"
+
+
+def episodes_text(n: int) -> str:
+    """``1 episode``, ``2 episodes``."""
+    return f"{n:,} episode" + ("" if n == 1 else "s")
 
 
 @compute_threads(torch_threads=1)  # one small network per step: more threads only contend
 def evaluate(run_dir: str | Path, episodes: int = 10, deterministic: bool = True,
              seed: int = 1_000_000, video_dir: str | Path | None = None,
-             out: str | Path | None = None) -> EvalResult:
-    """Run ``episodes`` episodes of the run's policy and write ``out`` (default
-    ``RUN_DIR/eval.json``, see :func:`eval_path`)."""
+             out: str | Path | None = None, force: bool = False,
+             write: bool = True) -> EvalResult:
+    """Run ``episodes`` episodes of the run's policy and write the result (``out``, else
+    ``RUN_DIR/eval.json`` or the next free ``eval-N.json``; see :func:`eval_path`); the
+    result's ``path`` says where (``write`` False: no file, ``path`` empty). Deterministic
+    actions (the mode) by default, as Stable-Baselines3's ``evaluate_policy``; the training
+    return is measured with sampled actions, so compare it with ``deterministic=False``."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes={episodes!r}: must be an integer >= 1")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed={seed!r}: must be an integer >= 0")
     policy = load(run_dir)
-    path = eval_path(run_dir, out)
+    run_dir = run_dir_of(run_dir)
+    path = eval_path(run_dir, out, force) if write else None
     if video_dir is not None:
         try:
             check_writable(video_dir, "--video")
@@ -119,11 +165,15 @@ def evaluate(run_dir: str | Path, episodes: int = 10, deterministic: bool = True
     returns = [r for r, _ in runs]
     videos = sorted(str(p) for p in vdir.glob("*.mp4")) if vdir is not None else []
     result = EvalResult(episodes, deterministic, seed, returns, [n for _, n in runs],
-                        float(np.mean(returns)), float(np.std(returns)), videos)
-    write_json_atomic(path, asdict(result))
+                        float(np.mean(returns)), float(np.std(returns)), videos,
+                        str(path or ""))
+    if path is not None:
+        write_json_atomic(path, result.to_json())
     return result
 
 
-def read_eval(run_dir: str | Path) -> EvalResult:
-    d = json.loads((Path(run_dir) / EVAL_FILE).read_text())
-    return EvalResult(**d)
+def read_eval(path: str | Path) -> EvalResult:
+    """An evaluation written by :func:`evaluate` (a run directory: its ``eval.json``)."""
+    p = Path(path)
+    p = p / EVAL_FILE if p.is_dir() else p
+    return EvalResult(**json.loads(p.read_text()), path=str(p))

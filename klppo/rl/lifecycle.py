@@ -4,6 +4,7 @@ single- and multi-agent trainers share (:class:`RunTrainer`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,17 @@ from klppo.runs.errors import ResumeError
 from klppo.runs.lifecycle import check_metrics, check_run_dir, metrics_records
 from klppo.runs.typecheck import short_repr
 
-__all__ = ["RunTrainer", "ResumeError", "read_run_config", "check_resume", "RESUMABLE_CHANGES"]
+__all__ = ["RunTrainer", "ResumeError", "read_run_config", "check_resume", "extend_config",
+           "RESUMABLE_CHANGES", "EXTENSION_FIELDS"]
 
 #: config fields that may differ between a run's checkpoint and its ``config.yaml`` at a resume:
 #: where files go, what is logged, how often to checkpoint, and where it computes (the device and
 #: torch's threads may change the rounding, as another machine would; the resume is recorded).
 RESUMABLE_CHANGES = frozenset({"out", "runs_root", "tensorboard", "track", "checkpoint_every",
                                "device", "torch_threads", "metric_names", "wandb"})
+#: fields a resume with a new total (``klppo train --resume DIR --total-steps N``) sets: the
+#: total and where the learning-rate annealing goes on from (:func:`extend_config`)
+EXTENSION_FIELDS = frozenset({"total_steps", "lr_anneal_from"})
 
 
 class RunTrainer:
@@ -73,11 +78,12 @@ class RunTrainer:
         self.env.close()
 
 
-def read_run_config(run_dir: str | Path) -> TrainConfig:
+def read_run_config(run_dir: str | Path, what: str = "resume") -> TrainConfig:
     """The validated config of a run directory; one-line errors for a missing directory, a
-    missing or malformed ``config.yaml`` or bad values in it."""
+    missing or malformed ``config.yaml`` or bad values in it (the directory named as
+    ``what``, see :func:`~klppo.runs.lifecycle.check_run_dir`)."""
     run_dir = Path(run_dir)
-    check_run_dir(run_dir, "klppo train")
+    check_run_dir(run_dir, "klppo train", what)
     path = run_dir / "config.yaml"
     cfg = from_dict(R.read_yaml(path), source=str(path))
     try:
@@ -95,22 +101,27 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any) -> None:
+def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any, extending: bool) -> None:
     """The checkpoint's config (written since klppo stored it there) must equal ``config.yaml``
-    but for :data:`RESUMABLE_CHANGES`."""
+    but for :data:`RESUMABLE_CHANGES` (and :data:`EXTENSION_FIELDS` when ``extending``: a
+    new total is being set, which rewrites both)."""
     path = run_dir / "config.yaml"
     if not isinstance(saved, dict):
         raise ResumeError(f"{run_dir / 'checkpoint.pt'}: its config is {short_repr(saved)}, not a "
                           f"mapping; the checkpoint is not one klppo wrote")
     old, new = _flatten(saved), _flatten(to_dict(cfg))
     defaults = _flatten(to_dict(TrainConfig()))  # a field newer than the checkpoint: its default
+    free = RESUMABLE_CHANGES | (EXTENSION_FIELDS if extending else frozenset())
     for key in sorted(set(old) | set(new)):
         before = old.get(key, defaults.get(key))
-        if key.split(".")[0] in RESUMABLE_CHANGES or before == new.get(key):
+        if key.split(".")[0] in free or before == new.get(key):
             continue
+        what = ("to change the total: klppo train --resume DIR --total-steps N"
+                if key in EXTENSION_FIELDS else
+                "undo the edit or start a new run; docs/reliability.md says what may change")
         raise ResumeError(f"{path}: {key}={short_repr(new.get(key))} but the checkpoint was made "
-                          f"with {short_repr(before)}; a resume continues the same run (undo "
-                          f"the edit or start a new run; docs/reliability.md says what may change)")
+                          f"with {short_repr(before)}; a resume continues the same run "
+                          f"({what})")
 
 
 def _check_metadata(run_dir: Path) -> None:
@@ -135,10 +146,11 @@ def _check_metadata(run_dir: Path) -> None:
                           f"(klppo train --resume continues runs of klppo train)")
 
 
-def check_resume(run_dir: Path, cfg: TrainConfig,
-                 state: dict[str, Any] | None) -> list[dict[str, Any]]:
+def check_resume(run_dir: Path, cfg: TrainConfig, state: dict[str, Any] | None,
+                 extending: bool = False) -> list[dict[str, Any]]:
     """Check that a run directory's files belong together before a resume touches any of them;
-    return the metrics kept (up to the checkpoint). One-line :class:`ResumeError` otherwise."""
+    return the metrics kept (up to the checkpoint). One-line :class:`ResumeError` otherwise.
+    ``extending``: the resume sets a new total, so :data:`EXTENSION_FIELDS` may differ."""
     _check_metadata(run_dir)
     if state is None:
         done = [r["iteration"] for r in metrics_records(run_dir / "metrics.jsonl")]
@@ -150,7 +162,7 @@ def check_resume(run_dir: Path, cfg: TrainConfig,
         return []
     iteration, step = state["iteration"], state.get("global_step")
     if "config" in state:
-        _check_config(run_dir, cfg, state["config"])
+        _check_config(run_dir, cfg, state["config"], extending)
     if step != iteration * cfg.batch_size or iteration > cfg.num_iterations:
         raise ResumeError(f"{run_dir / 'checkpoint.pt'}: iteration {iteration} at global step "
                           f"{short_repr(step)} does not fit this run's config (batch "
@@ -164,3 +176,26 @@ def check_resume(run_dir: Path, cfg: TrainConfig,
                               f"{r['iteration'] * cfg.batch_size} (batch {cfg.batch_size}); "
                               f"the file was edited or is another run's")
     return kept
+
+
+def extend_config(cfg: TrainConfig, iteration: int, total_steps: int) -> TrainConfig:
+    """``cfg`` with the new ``total_steps`` for a run whose checkpoint is at ``iteration``.
+
+    The iterations done keep their learning rates; with ``ppo.anneal_lr`` the rate of the next
+    iteration equals that of iteration ``iteration`` and falls linearly to 0 at the new end
+    (``lr_anneal_from``, :func:`klppo.rl.unit.lr_fraction`): it never jumps. A run with no
+    iteration done simply gets the new total. :class:`ConfigError` naming ``total_steps`` when
+    it adds no iteration."""
+    from klppo.rl.unit import lr_fraction
+
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int):
+        raise ConfigError(f"total_steps={short_repr(total_steps)}: must be an integer")
+    new = validate(dataclasses.replace(cfg, total_steps=total_steps))
+    if new.num_iterations <= iteration:
+        raise ConfigError(f"total_steps={total_steps:,}: the run has already done {iteration:,} "
+                          f"iterations ({iteration * cfg.batch_size:,} steps); a new total must "
+                          f"add at least one iteration of {cfg.batch_size:,} steps")
+    if new.num_iterations == cfg.num_iterations or iteration == 0 or not cfg.ppo.anneal_lr:
+        return new  # the same schedule, or none yet run
+    anchor = (float(iteration), lr_fraction(cfg, iteration))
+    return validate(dataclasses.replace(new, lr_anneal_from=anchor))

@@ -2,9 +2,12 @@
 
 The policy carries everything acting needs from the run: the network, the action space, the
 observation normalisation (frozen at its checkpointed statistics) and the config it was trained
-with. ``predict`` follows Stable-Baselines3's convention; ``act`` takes batches; ``export``
-writes a TorchScript module that maps raw observations to the deterministic action and gives the
-same actions as ``act`` (tested).
+with. ``predict`` follows Stable-Baselines3's signature and default (a sampled action unless
+``deterministic=True``); ``act`` takes batches (the mode unless ``deterministic=False``);
+``export`` writes a ``torch.export`` program (or ONNX) that maps raw observations to the
+deterministic action and gives the same actions as ``act`` (tested). The spaces come from the
+run's ``spaces.json`` (:mod:`klppo.rl.spaces`), so loading needs no environment; runs written
+before klppo saved it make the environment instead.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from torch import nn
 from klppo.nn.actor_critic import ActorCritic, make_head
 from klppo.nn.distributions import CategoricalHead
 from klppo.rl.config import TrainConfig
-from klppo.rl.envs import ObsNormalizer, check_env
+from klppo.rl.envs import ObsNormalizer, check_env, make_env
+from klppo.rl.spaces import read_spaces
 from klppo.runs import checkpoint as ckpt
+from klppo.runs.errors import InputError
 
 __all__ = ["Policy", "load", "load_policies"]
 
@@ -68,25 +73,36 @@ class Policy:
         return action
 
     def predict(self, observation: np.ndarray, state: Any = None, episode_start: Any = None,
-                deterministic: bool = True) -> tuple[np.ndarray, None]:
-        """Stable-Baselines3's ``predict``: one observation or a batch -> ``(action, None)``
-        (a single observation gives a single action)."""
+                deterministic: bool = False) -> tuple[np.ndarray, None]:
+        """Stable-Baselines3's ``predict(observation, state=None, episode_start=None,
+        deterministic=False) -> (action, state)``: one observation or a batch -> ``(action,
+        None)`` (a single observation gives a single action; the policies have no recurrent
+        state, so ``state`` and ``episode_start`` are ignored and the state returned is None).
+
+        As in SB3, the action is **sampled** from the policy unless ``deterministic=True``
+        (then the mode: the argmax, or the Gaussian's mean), with torch's global generator;
+        :meth:`act` takes a generator. Box actions are clipped to the action space."""
         obs = np.asarray(observation)
         single = obs.size == self.obs_dim
         action = self.act(obs.reshape(-1, self.obs_dim), deterministic)
         return (action[0] if single else action), None
 
     def export(self, path: str | Path) -> Path:
-        """Save a TorchScript module ``raw obs [B, obs_dim] -> deterministic action [B, ...]``
-        (normalisation and clipping included) that runs without klppo."""
-        module = torch.jit.script(_Exported(self))
-        path = Path(path)
-        module.save(str(path))
-        return path
+        """Save the deterministic policy ``raw obs [B, obs_dim] -> action [B, ...]``
+        (normalisation and clipping included, any batch size) to run without klppo.
+
+        ``path`` ending in ``.onnx``: ONNX through ``torch.onnx.export`` (needs ``pip install
+        onnx onnxscript``); run it with onnxruntime, input ``obs`` as float32. Any other name:
+        a ``torch.export`` program (``.pt2`` by convention); run it with
+        ``torch.export.load(path).module()(obs)``. Both give the actions of
+        ``act(obs, deterministic=True)`` (tested)."""
+        from klppo.rl.export import export_policy
+
+        return export_policy(_Exported(self), self.obs_dim, Path(path))
 
 
 class _Exported(nn.Module):
-    """The deterministic policy as one scriptable module (float64 normalisation, as numpy)."""
+    """The deterministic policy as one exportable module (float64 normalisation, as numpy)."""
 
     def __init__(self, policy: Policy) -> None:
         super().__init__()
@@ -117,8 +133,14 @@ class _Exported(nn.Module):
         return torch.max(torch.min(out[:, : self.act_dim], self.high), self.low)
 
 
-def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    env = gym.make(check_env(env_id))
+def _spaces(run_dir: Path, cfg: TrainConfig) -> tuple[gym.Space, gym.Space]:
+    """The run's spaces from its ``spaces.json``; a run written before klppo saved them makes
+    its environment (which must then be installed)."""
+    saved = read_spaces(run_dir)
+    if saved is not None and "observation" in saved:
+        return saved["observation"], saved["action"]
+    check_env(cfg.env, cfg.env_kwargs)
+    env = make_env(cfg.env, cfg.env_kwargs)
     try:
         return env.observation_space, env.action_space
     finally:
@@ -184,15 +206,28 @@ def load_weights(agent: nn.Module, saved: Any, where: str) -> None:
                                    f"{str(e).splitlines()[0] if str(e) else ''}") from None
 
 
+def run_dir_of(path: str | Path) -> Path:
+    """The run directory ``path`` names: itself, or the folder of its ``checkpoint.pt``;
+    :class:`~klppo.runs.errors.InputError` for another file."""
+    p = Path(path)
+    if p.is_file() and p.name == ckpt.CHECKPOINT:
+        return p.parent
+    if p.is_file():
+        raise InputError(f"run_dir={str(p)!r}: a file, not a run directory (give the run "
+                         f"directory, or its {ckpt.CHECKPOINT})")
+    return p
+
+
 def load(run_dir: str | Path, policy: str | None = None) -> Policy:
-    """The policy of a run directory at its last checkpoint (one-line errors for a directory
-    that is not a run or has no readable checkpoint). A multi-agent run holds several:
-    ``policy`` names one (:func:`load_policies` gives them all)."""
+    """The policy of a run directory (or of its ``checkpoint.pt``) at its last checkpoint
+    (one-line errors for a directory that is not a run or has no readable checkpoint). A
+    multi-agent run holds several: ``policy`` names one (:func:`load_policies` gives them
+    all). The environment need not be installed (the spaces are read from ``spaces.json``)."""
     from klppo.rl.lifecycle import read_run_config
     from klppo.rl.marl.spec import is_multiagent
 
-    run_dir = Path(run_dir)
-    cfg = read_run_config(run_dir)
+    run_dir = run_dir_of(run_dir)
+    cfg = read_run_config(run_dir, "run_dir")
     if is_multiagent(cfg.env):
         policies = load_policies(run_dir)
         if policy not in policies:
@@ -201,27 +236,44 @@ def load(run_dir: str | Path, policy: str | None = None) -> Policy:
         return policies[policy]
     if policy is not None:
         raise ValueError(f"policy={policy!r}: {run_dir} is a single-agent run (no policy names)")
-    state = ckpt.load_checkpoint(run_dir)
-    obs_space, act_space = _spaces(cfg.env)
+    state = _checkpoint(run_dir)
+    obs_space, act_space = _spaces(run_dir, cfg)
     return _policy(cfg, state, obs_space, act_space, str(run_dir / ckpt.CHECKPOINT))
 
 
 def load_policies(run_dir: str | Path) -> dict[str, Policy]:
     """Every policy of a multi-agent run directory, by name (each with its own config)."""
     from klppo.rl.lifecycle import read_run_config
-    from klppo.rl.marl.spec import check_multiagent, is_multiagent
+    from klppo.rl.marl.spec import check_multiagent, is_multiagent, policy_configs
 
-    run_dir = Path(run_dir)
-    cfg = read_run_config(run_dir)
+    run_dir = run_dir_of(run_dir)
+    cfg = read_run_config(run_dir, "run_dir")
     if not is_multiagent(cfg.env):
         raise ValueError(f"{run_dir} is a single-agent run: use load()")
-    state = ckpt.load_checkpoint(run_dir)
-    spec = check_multiagent(cfg)
+    state = _checkpoint(run_dir)
+    recorded = read_spaces(run_dir)
+    if recorded is not None and "policies" in recorded:
+        rec = recorded["policies"]
+        configs = policy_configs(cfg, {p: agents for p, (agents, _, _) in rec.items()})
+        obs_spaces = {p: o for p, (_, o, _) in rec.items()}
+        act_spaces = {p: a for p, (_, _, a) in rec.items()}
+    else:  # a run from before spaces.json: the env tells
+        spec = check_multiagent(cfg)
+        configs, obs_spaces, act_spaces = spec.configs, spec.obs_spaces, spec.action_spaces
     source = str(run_dir / ckpt.CHECKPOINT)
     saved = state.get("policies") if isinstance(state, dict) else None
-    if not isinstance(saved, dict) or set(saved) != set(spec.policies):
+    if not isinstance(saved, dict) or set(saved) != set(configs):
         have = sorted(saved) if isinstance(saved, dict) else None
         raise ckpt.CheckpointError(f"{source}: holds the policies {have}, the run's "
-                                   f"config.yaml {sorted(spec.policies)}")
-    return {p: _policy(spec.configs[p], saved[p], spec.obs_spaces[p], spec.action_spaces[p],
-                       f"{source} (policy {p})") for p in spec.policies}
+                                   f"config.yaml {sorted(configs)}")
+    return {p: _policy(configs[p], saved[p], obs_spaces[p], act_spaces[p],
+                       f"{source} (policy {p})") for p in configs}
+
+
+def _checkpoint(run_dir: Path) -> Any:
+    """The run's checkpoint state; a run without one is named as ``run_dir``."""
+    try:
+        return ckpt.load_checkpoint(run_dir)
+    except FileNotFoundError:
+        raise InputError(f"run_dir={str(run_dir)!r}: no {ckpt.CHECKPOINT} yet (the run has "
+                         f"not finished an iteration)") from None

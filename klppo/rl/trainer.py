@@ -8,6 +8,7 @@ its last checkpoint and reproduces the metrics of an uninterrupted run exactly.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import traceback
@@ -25,11 +26,18 @@ from klppo.rl.envs import (
     make_vector_env,
     restore_env_state,
 )
-from klppo.rl.lifecycle import ResumeError, RunTrainer, check_resume, read_run_config
+from klppo.rl.lifecycle import (
+    ResumeError,
+    RunTrainer,
+    check_resume,
+    extend_config,
+    read_run_config,
+)
 from klppo.rl.marl.spec import check_multiagent, is_multiagent
 from klppo.rl.marl.trainer import MultiTrainer
 from klppo.rl.monitor import ExplosionMonitor
 from klppo.rl.rollout import Collector
+from klppo.rl.spaces import write_spaces
 from klppo.rl.unit import PolicyUnit, episode_means
 from klppo.runs import checkpoint as ckpt
 from klppo.runs import metrics as M
@@ -42,8 +50,8 @@ from klppo.runs.threads import compute_threads
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainResult", "TrainingError", "ResumeError", "train", "resume", "final_return",
-           "TIMING_KEYS"]
+__all__ = ["TrainResult", "TrainingError", "ResumeError", "train", "resume", "plan_resume",
+           "final_return", "TIMING_KEYS"]
 
 #: metrics that measure wall time; everything else is deterministic for a given seed.
 TIMING_KEYS = frozenset({"sps", "time_collect", "time_update", "time_elapsed"})
@@ -85,7 +93,7 @@ class _Trainer(RunTrainer):
         self.run_dir = run_dir
         torch.manual_seed(cfg.seed)
         self.env = make_vector_env(cfg.env, cfg.rollout.num_envs, cfg.seed,
-                                   cfg.rollout.vectorization)
+                                   cfg.rollout.vectorization, cfg.env_kwargs)
         obs_dim = int(np.prod(self.env.single_observation_space.shape))
         self.unit = u = PolicyUnit(cfg, obs_dim, self.env.single_action_space,
                                    cfg.rollout.num_envs, cfg.seed + 2)
@@ -173,15 +181,31 @@ def _run(tr: _Trainer | MultiTrainer, life: RunLife, on_iteration: OnIteration) 
 
 
 def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock) -> _Trainer | MultiTrainer:
-    """Build the trainer in a locked run directory; a failure leaves status 'failed'."""
+    """Build the trainer in a locked run directory and record its spaces (``spaces.json``, so
+    :func:`klppo.load` needs no env); a failure leaves status 'failed'."""
     try:
-        return MultiTrainer(cfg, run_dir) if is_multiagent(cfg.env) else _Trainer(cfg, run_dir)
+        tr = MultiTrainer(cfg, run_dir) if is_multiagent(cfg.env) else _Trainer(cfg, run_dir)
+        try:
+            _save_spaces(tr, run_dir)
+        except BaseException:
+            tr.close()
+            raise
+        return tr
     except Exception as e:
         lock.release()
         msg = f"cannot start: {type(e).__name__}: {e}"
         R.write_status(run_dir, "failed", error=msg, traceback=traceback.format_exc(),
                        iteration=0)
         raise TrainingError(msg) from e
+
+
+def _save_spaces(tr: _Trainer | MultiTrainer, run_dir: Path) -> None:
+    if isinstance(tr, MultiTrainer):
+        s = tr.spec
+        write_spaces(run_dir, policies={p: (agents, s.obs_spaces[p], s.action_spaces[p])
+                                        for p, agents in s.policies.items()})
+    else:
+        write_spaces(run_dir, tr.env.single_observation_space, tr.env.single_action_space)
 
 
 def train(config: TrainConfig, on_iteration: OnIteration = None) -> TrainResult:
@@ -193,7 +217,7 @@ def train(config: TrainConfig, on_iteration: OnIteration = None) -> TrainResult:
     if is_multiagent(config.env):  # the env, its agents and each policy's config
         check_multiagent(config)
     else:  # an unknown env or a missing extra fails before any directory exists
-        check_env(config.env, config.objective)
+        check_env(config.env, config.env_kwargs, config.objective)
     resolve_device(config.device)
     if config.track == "wandb":
         M.require_wandb()
@@ -241,8 +265,15 @@ def _write_start_files(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
         raise
 
 
-def resume(run_dir: str | Path, on_iteration: OnIteration = None) -> TrainResult:
+def resume(run_dir: str | Path, on_iteration: OnIteration = None,
+           total_steps: int | None = None) -> TrainResult:
     """Continue a run from its last checkpoint (or start it, if it never wrote one).
+
+    ``total_steps`` sets a new total (to extend a finished run, or shorten an unfinished one
+    to no fewer iterations than it has done): ``config.yaml`` and the checkpoint's config are
+    rewritten with it, and the learning-rate annealing goes on from the rate of the last
+    iteration done to 0 at the new end (:func:`~klppo.rl.lifecycle.extend_config`); the resume
+    in ``metadata.json`` records the old and new totals.
 
     Metrics written after the checkpoint are discarded and recomputed, so the finished
     metrics.jsonl equals that of an uninterrupted run (timing fields aside). The environments
@@ -258,13 +289,23 @@ def resume(run_dir: str | Path, on_iteration: OnIteration = None) -> TrainResult
     try:
         R.remove_stale_temp_files(run_dir)
         state = ckpt.load_checkpoint(run_dir) if (run_dir / ckpt.CHECKPOINT).exists() else None
-        kept = check_resume(run_dir, cfg, state)
+        kept = check_resume(run_dir, cfg, state, extending=total_steps is not None)
     except (ckpt.CheckpointError, ResumeError) as e:
         _refuse(run_dir, lock, e)
+    extended = None
+    if total_steps is not None:
+        old = cfg.total_steps
+        try:  # bad input: nothing is written, the run keeps its status
+            cfg = extend_config(cfg, int(state["iteration"]) if state else 0, total_steps)
+        except BaseException:
+            lock.release()
+            raise
+        _write_extension(run_dir, cfg, state)
+        extended = {"total_steps": [old, cfg.total_steps]} if old != cfg.total_steps else None
     with compute_threads(cfg.torch_threads) as threads:
         tr = _start(run_dir, cfg, lock)
         problems = _restore(tr, state, lock)
-        _record_start(run_dir, state, threads)
+        _record_start(run_dir, state, threads, extended)
         M.rewrite_metrics(run_dir / "metrics.jsonl", kept)
         life = RunLife(run_dir, lock, saved=tr.iteration)
         for p in problems:
@@ -304,8 +345,28 @@ def _restore(tr: _Trainer | MultiTrainer, state: dict[str, Any] | None,
             f"({type(e).__name__}: {detail}); a checkpoint of another run?"))
 
 
-def _record_start(run_dir: Path, state: dict[str, Any] | None, threads: dict[str, Any]) -> None:
+def _record_start(run_dir: Path, state: dict[str, Any] | None, threads: dict[str, Any],
+                  extended: dict[str, Any] | None = None) -> None:
+    more = {"extended": extended} if extended else {}
     if not (run_dir / "metadata.json").exists():
-        R.write_metadata(run_dir, {"kind": "train", "threads": threads})
-    elif state is not None:
-        R.record_resume(run_dir, int(state["iteration"]), threads=threads)
+        R.write_metadata(run_dir, {"kind": "train", "threads": threads, **more})
+    elif state is not None or extended:
+        R.record_resume(run_dir, int(state["iteration"]) if state else 0, threads=threads,
+                        **more)
+
+
+def _write_extension(run_dir: Path, cfg: TrainConfig, state: dict[str, Any] | None) -> None:
+    """A new total: ``config.yaml``, then the checkpoint's own copy of the config (each written
+    atomically; the same command again mends a run stopped between the two)."""
+    R.write_yaml(run_dir / "config.yaml", to_dict(cfg))
+    if state is not None and "config" in state:
+        ckpt.save_checkpoint(run_dir, {**state, "config": to_dict(cfg)})
+
+
+def plan_resume(run_dir: str | Path, total_steps: int | None = None) -> TrainConfig:
+    """The config a resume of ``run_dir`` (with a new ``total_steps``) runs for: its length and
+    objective, for a progress display; the resume itself checks everything."""
+    cfg = read_run_config(run_dir)
+    if total_steps is None or total_steps == cfg.total_steps:
+        return cfg
+    return validate(dataclasses.replace(cfg, total_steps=total_steps))

@@ -29,7 +29,7 @@ from klppo.rl.update import Batch, Learner, make_loss
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PolicyUnit", "episode_means", "learning_rate"]
+__all__ = ["PolicyUnit", "episode_means", "learning_rate", "lr_fraction"]
 
 
 class PolicyUnit:
@@ -168,6 +168,22 @@ def episode_means(returns: list[float], lengths: list[int]) -> dict[str, Any]:
 
 
 def learning_rate(cfg: TrainConfig, it: int) -> float:
-    """Iteration ``it``'s learning rate (linear annealing to 0 with ``ppo.anneal_lr``)."""
-    return cfg.ppo.lr * (1.0 - (it - 1) / cfg.num_iterations) if cfg.ppo.anneal_lr \
-        else cfg.ppo.lr
+    """Iteration ``it``'s learning rate: ``ppo.lr``, annealed linearly with ``ppo.anneal_lr``
+    (:func:`lr_fraction`)."""
+    return cfg.ppo.lr * lr_fraction(cfg, it) if cfg.ppo.anneal_lr else cfg.ppo.lr
+
+
+def lr_fraction(cfg: TrainConfig, it: int) -> float:
+    """The fraction of ``ppo.lr`` that iteration ``it`` (1-based) learns with.
+
+    A run of N iterations anneals from 1 at iteration 1 to 1/N at iteration N (CleanRL's
+    schedule). A run whose total was changed at iteration k by ``klppo train --resume DIR
+    --total-steps`` (``lr_anneal_from = (k, f)``, f the fraction of iteration k) goes on from f
+    at iteration k + 1 to f / (N - k) at its new last iteration N: the rate never jumps, and a
+    run extended twice is annealed piece by piece. Without ``ppo.anneal_lr``: 1."""
+    if not cfg.ppo.anneal_lr:
+        return 1.0
+    if cfg.lr_anneal_from is None:
+        return 1.0 - (it - 1) / cfg.num_iterations
+    k, f = int(cfg.lr_anneal_from[0]), float(cfg.lr_anneal_from[1])
+    return f if it <= k else f * (1.0 - (it - k - 1) / (cfg.num_iterations - k))

@@ -177,16 +177,18 @@ def _one(tr: Trainer, life: RunLife, writer: M.MetricsWriter, on_iteration: OnIt
 
 
 # ------------------------------------------------------------------------------ resume checks
-def check_run_dir(run_dir: Path, command: str) -> None:
-    """One-line :class:`ResumeError` for a path that is not a run directory."""
-    name = f"resume={str(run_dir)!r}"
+def check_run_dir(run_dir: Path, command: str, what: str = "resume") -> None:
+    """One-line :class:`ResumeError` for a path that is not a run directory (named as
+    ``what``: ``resume`` for a resume, ``run_dir`` for a run being read)."""
+    name = f"{what}={str(run_dir)!r}"
     if not run_dir.exists():
         raise ResumeError(f"{name}: no such directory")
     if not run_dir.is_dir():
         raise ResumeError(f"{name}: not a directory")
     if not (run_dir / "config.yaml").is_file():
-        raise ResumeError(f"{name}: not a klppo run directory (no config.yaml); {command} "
-                          f"--resume continues a run it started")
+        why = (f"{command} --resume continues a run it started" if what == "resume"
+               else f"made by {command}")
+        raise ResumeError(f"{name}: not a klppo run directory (no config.yaml); {why}")
 
 
 def metrics_records(path: Path) -> list[dict[str, Any]]:

@@ -41,6 +41,8 @@ def describe(ann: Any) -> str:
         return " or ".join(describe(a) for a in args)
     if origin is tuple:
         return f"a list of: {describe(args[0])}" if args else "a list"
+    if origin is dict:
+        return "a mapping of names to values" if args and args[0] is str else "a mapping"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     return names.get(ann, getattr(ann, "__name__", str(ann)))
 
@@ -70,6 +72,13 @@ def _convert(value: Any, ann: Any) -> Any:
         elem = args[0] if args else Any
         items = [_convert(v, elem) for v in value]
         return _NO if any(i is _NO for i in items) else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            return _NO
+        key = args[0] if args else Any
+        pairs = [(_convert(k, key), _convert(v, args[1] if args else Any))
+                 for k, v in value.items()]
+        return _NO if any(_NO in p for p in pairs) else dict(pairs)
     if ann is bool:
         return value if isinstance(value, bool) else _NO
     if ann is int:

@@ -80,8 +80,11 @@ CASES = [
     ("obs-norm-broken", _edit(lambda s: {**s, "obs_norm": {"mean": [0.0] * 4}}), [],
      ["checkpoint.pt", "observation normaliser cannot be read", "KeyError"]),
     # where eval.json goes
-    ("eval-json-a-directory", lambda run, runs: (run / "eval.json").mkdir(), [],
+    ("eval-json-a-directory-forced", lambda run, runs: (run / "eval.json").mkdir(), ["--force"],
      ["eval.json=", "eval.json'", "is a directory"]),
+    ("out-exists", _nothing, ["--out", "{tmp}/file"],
+     ["out=", "file'", "exists; --force overwrites it"]),
+    ("run-on-a-run-directory", _nothing, ["--run", "x"], ["--run x: only for a sweep directory"]),
     ("out-a-directory", _nothing, ["--out", "{tmp}"], ["out=", "is a directory"]),
     ("out-in-a-missing-directory", _nothing, ["--out", "{tmp}/no/e.json"],
      ["out=", "e.json", "is not a directory"]),

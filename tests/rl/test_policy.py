@@ -1,5 +1,5 @@
-"""From a trained run to its use: klppo eval, klppo.load(...).predict / act, TorchScript export,
-videos; on CartPole, LunarLander and Hopper (normalised observations)."""
+"""From a trained run to its use: klppo eval, klppo.load(...).predict / act, torch.export and
+ONNX export, videos; on CartPole, LunarLander and Hopper (normalised observations)."""
 
 import dataclasses
 import json
@@ -47,23 +47,37 @@ def observations(env_id, n=16, seed=3):
 
 
 def test_eval_writes_eval_json_and_is_repeatable(run, capsys):
+    for old in run.glob("eval*.json"):
+        old.unlink()
     assert main(["eval", str(run), "--episodes", "2"]) == 0
     out = capsys.readouterr().out
     first = json.loads((run / "eval.json").read_text())
     assert first["episodes"] == 2 and len(first["returns"]) == 2 and first["deterministic"]
-    assert f"return {first['mean']:.2f} +- {first['std']:.2f}" in out
+    assert f"2 episodes (deterministic actions, seeds 1000000..1000001): return " \
+           f"{first['mean']:.2f} +- {first['std']:.2f}" in out
+    assert f"written: {run / 'eval.json'}" in out
+    # a second evaluation never overwrites the first: it goes to eval-2.json, and says so
     assert main(["eval", str(run), "--episodes", "2"]) == 0
-    assert json.loads((run / "eval.json").read_text())["returns"] == first["returns"]
+    assert f"written: {run / 'eval-2.json'}" in capsys.readouterr().out
+    assert json.loads((run / "eval-2.json").read_text())["returns"] == first["returns"]
+    assert json.loads((run / "eval.json").read_text()) == first
     assert main(["eval", str(run), "--episodes", "1", "--stochastic", "--seed", "5"]) == 0
-    assert json.loads((run / "eval.json").read_text())["deterministic"] is False
+    out = capsys.readouterr().out
+    assert "1 episode (sampled actions, seed 5): return" in out and "episodes" not in out
+    assert json.loads((run / "eval-3.json").read_text())["deterministic"] is False
+    # --force overwrites eval.json itself
+    assert main(["eval", str(run), "--episodes", "1", "--force"]) == 0
+    assert json.loads((run / "eval.json").read_text())["episodes"] == 1
+    assert sorted(p.name for p in run.glob("eval*.json")) == ["eval-2.json", "eval-3.json",
+                                                              "eval.json"]
 
 
 def test_load_predict_single_and_batched_with_frozen_normalisation(run):
     policy = klppo.load(run)
     obs = observations(policy.config.env)
-    batch, state = policy.predict(obs)
+    batch, state = policy.predict(obs, deterministic=True)
     assert state is None and len(batch) == len(obs)
-    single, _ = policy.predict(obs[0])
+    single, _ = policy.predict(obs[0], deterministic=True)
     assert np.shape(single) == np.shape(batch[0])  # a single observation: a single action
     assert np.allclose(single, batch[0], rtol=1e-6, atol=1e-7)  # BLAS: batch 1 vs 16 (ulps)
     assert np.array_equal(policy.act(obs), batch)
@@ -86,13 +100,59 @@ def test_load_predict_single_and_batched_with_frozen_normalisation(run):
     assert (policy.obs_norm is not None) == policy.config.rollout.norm_obs
 
 
-def test_torchscript_export_gives_the_same_actions(run, tmp_path):
+def test_predict_samples_by_default_as_stable_baselines3_does(run):
+    """SB3's predict(observation, state=None, episode_start=None, deterministic=False): a
+    sample unless deterministic=True; the sample is act(..., deterministic=False) under
+    torch's global generator."""
+    import inspect
+
     policy = klppo.load(run)
-    path = policy.export(tmp_path / "policy.pt")
-    module = torch.jit.load(str(path))
+    sig = inspect.signature(policy.predict)
+    assert list(sig.parameters) == ["observation", "state", "episode_start", "deterministic"]
+    assert sig.parameters["deterministic"].default is False
     obs = observations(policy.config.env, n=64)
-    exported = module(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-    assert np.array_equal(exported, policy.act(obs))
+    mode = policy.act(obs)
+    torch.manual_seed(7)
+    sampled, _ = policy.predict(obs)
+    torch.manual_seed(7)
+    assert np.array_equal(sampled, policy.act(obs, deterministic=False))
+    assert not np.array_equal(sampled, mode)  # a barely trained policy: samples differ
+    assert np.array_equal(policy.predict(obs, deterministic=True)[0], mode)
+
+
+def test_torch_export_gives_the_same_actions(run, tmp_path):
+    policy = klppo.load(run)
+    path = policy.export(tmp_path / "policy.pt2")
+    module = torch.export.load(str(path)).module()
+    for n in (64, 1, 3):  # any batch size
+        obs = observations(policy.config.env, n=n)
+        exported = module(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+        assert np.array_equal(exported, policy.act(obs))
+
+
+def test_onnx_export_gives_the_same_actions(run, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    policy = klppo.load(run)
+    path = policy.export(tmp_path / "policy.onnx")
+    session = ort.InferenceSession(str(path))
+    for n in (64, 1):
+        obs = observations(policy.config.env, n=n).astype(np.float32)
+        (exported,) = session.run(None, {"obs": obs})
+        expect = policy.act(obs)
+        if policy.discrete:
+            assert np.array_equal(exported, expect)
+        else:  # onnxruntime's kernels round differently from torch's (a few ulps)
+            assert np.allclose(exported, expect, rtol=1e-5, atol=1e-6)
+
+
+def test_onnx_without_the_packages_is_one_named_error(run, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # import fails as if not installed
+    with pytest.raises(ImportError, match="pip install 'klppo\\[onnx\\]'"):
+        klppo.load(run).export(tmp_path / "p.onnx")
+    assert not (tmp_path / "p.onnx").exists()
 
 
 def test_video_where_rendering_is_available(tmp_path, run, capsys):

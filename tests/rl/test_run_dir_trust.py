@@ -319,8 +319,8 @@ def test_a_checkpoint_older_than_a_config_field_resumes_at_its_default(tmp_path)
     cfg = TrainConfig()
     saved = to_dict(cfg)
     del saved["kl"]["monitor_patience"], saved["ppo"]["ent_coef"]
-    _check_config(tmp_path, cfg, saved)  # both at their defaults
+    _check_config(tmp_path, cfg, saved, extending=False)  # both at their defaults
     edited = dataclasses.replace(cfg, kl=dataclasses.replace(cfg.kl, monitor_patience=5))
     with pytest.raises(ResumeError, match=r"kl.monitor_patience=5 but the checkpoint was made "
                                           r"with 3"):
-        _check_config(tmp_path, edited, saved)
+        _check_config(tmp_path, edited, saved, extending=False)

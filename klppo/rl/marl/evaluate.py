@@ -75,7 +75,7 @@ def evaluate_policies(run_dir: str | Path, episodes: int = 100, seed: int = 1_00
     uniformly at random (seeded). Sampled actions by default (as in training)."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes={episodes!r}: must be an integer >= 1")
-    cfg = read_run_config(run_dir)
+    cfg = read_run_config(run_dir, "run_dir")
     spec = check_multiagent(cfg)
     random = set(random)
     unknown = random - set(spec.policies)

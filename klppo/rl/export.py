@@ -1,0 +1,43 @@
+"""Export a policy module to a file that runs without klppo: ``torch.export`` or ONNX.
+
+``torch.export`` (the successor of TorchScript, which torch deprecates) captures the module as a
+graph with a dynamic batch dimension and saves it as a ``.pt2`` program. ONNX goes through
+``torch.onnx.export`` (the dynamo exporter), which needs the ``onnx`` and ``onnxscript``
+packages; they are optional.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["export_policy", "ONNX_MISSING"]
+
+ONNX_MISSING = ("exporting to ONNX needs the onnx and onnxscript packages: pip install "
+                "'klppo[onnx]' (or pip install onnx onnxscript)")
+
+
+def export_policy(module: nn.Module, obs_dim: int, path: Path) -> Path:
+    """Write ``module`` (``obs [B, obs_dim] float32 -> action [B, ...]``) to ``path``: ONNX when
+    it ends in ``.onnx``, else a ``torch.export`` program. ImportError naming the packages when
+    ONNX is asked for and not installed."""
+    module = module.eval()
+    example = (torch.zeros(2, obs_dim),)
+    batch = torch.export.Dim("batch")
+    shapes = {"obs": {0: batch}}
+    if path.suffix.lower() == ".onnx":
+        try:
+            import onnx  # noqa: F401
+            import onnxscript  # noqa: F401
+        except ImportError:
+            raise ImportError(ONNX_MISSING) from None
+        program = torch.onnx.export(module, example, input_names=["obs"],
+                                    output_names=["action"], dynamic_shapes=shapes, dynamo=True,
+                                    verbose=False)
+        program.save(str(path))
+        return path
+    program = torch.export.export(module, example, dynamic_shapes=shapes)
+    torch.export.save(program, str(path))
+    return path

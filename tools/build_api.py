@@ -1,0 +1,78 @@
+"""Build klppo's API reference from its docstrings with pdoc: ``make api`` -> build/api/.
+
+Usage: ``python tools/build_api.py [OUT_DIR]`` (default ``build/api``; needs ``pip install -e
+'.[docs]'``). Every klppo package but the command line (``klppo --help`` documents that) gets a
+page per module. Modules are imported here first, outside pdoc's import sandbox (which stubs
+``subprocess``, and some optional extras run a subprocess when imported); a module whose
+optional extra is not installed is left out and named; private modules (``_name``) have no
+page. Exits non-zero when pdoc fails or a public module got no page.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: the packages documented (klppo.cli is the command line: its --help is its reference)
+PACKAGES = ["klppo.core", "klppo.nn", "klppo.rl", "klppo.runs", "klppo.experiments",
+            "klppo.replay", "klppo.report", "klppo.integrations", "klppo.lm"]
+#: top-level modules of optional extras: a klppo module that needs a missing one is left out
+EXTRAS = {"transformers", "tokenizers", "vaderSentiment", "torchrl", "tensordict", "ray",
+          "wandb", "tensorboard", "mujoco", "Box2D", "pettingzoo", "mpe2", "moviepy", "onnx",
+          "onnxscript"}
+
+
+def modules() -> tuple[list[str], list[str]]:
+    """(every module of :data:`PACKAGES` that imports, the modules left out with the reason)."""
+    found, missing = [], []
+    for pkg in PACKAGES:
+        names = [pkg]
+        path = [str(ROOT / pkg.replace(".", "/"))]
+        names += [m.name for m in pkgutil.walk_packages(path, prefix=pkg + ".")]
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError as e:
+                if (e.name or "").split(".")[0] not in EXTRAS:
+                    raise
+                missing.append(f"{name} (needs {e.name})")
+                continue
+            found.append(name)
+    return found, missing
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else ROOT / "build" / "api")
+    sys.path.insert(0, str(ROOT))
+    import pdoc
+    import pdoc.render
+
+    found, missing = modules()
+    for m in missing:
+        print(f"api: left out {m}")
+    pdoc.render.configure(docformat="google", footer_text="klppo API reference",
+                          search=True, show_source=True)
+    # TorchRL's constructor signatures, which the drop-in losses take over, name TorchRL's types
+    warnings.filterwarnings("ignore", message="Error parsing type annotation .* for "
+                            "klppo.integrations.torchrl")
+    # a package without __all__ brings its modules itself; they are named once more below
+    warnings.filterwarnings("ignore", message="The module specification .* adds a module named")
+    public = [m for m in found if not any(part.startswith("_") for part in m.split("."))]
+    left_out = [f"!{m.split(' ')[0]}" for m in missing]
+    pdoc.pdoc("klppo", *public, *left_out, output_directory=out)
+    pages = sorted(p.relative_to(out) for p in out.rglob("*.html") if p.name != "index.html")
+    absent = [m for m in public if Path(*m.split(".")).with_suffix(".html") not in pages]
+    if absent:
+        print(f"api: no page for {absent}", file=sys.stderr)
+        return 1
+    print(f"api: {len(pages)} module pages -> {out / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
