@@ -122,7 +122,8 @@ def kl_tracking(env: str, cond: str, runs: list[Run], smooth: int = 1):
     kind = "adaptive beta" if target is not None else "fixed beta" + (
         f" {fixed.pop():g}" if len(fixed) == 1 and isinstance(next(iter(fixed)), (int, float))
         else "")
-    ax.set_title(f"{env} / {cond}: {what}, {kind}{_smoothed_note(smooth)}", fontsize=10)
+    ax.set_title(f"{env} / {cond}: {what}, {kind}\n(KL: {window_text(smooth)}; beta: raw)",
+                 fontsize=10)
     ax.legend(**_LEGEND)
     bx.set(ylabel="beta", yscale=beta_scale, xlabel="environment steps")
     for a in (ax, bx):
