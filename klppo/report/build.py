@@ -166,7 +166,8 @@ def _comparison_figures(comps: list[Comparison], rs: list[Run],
         out.append((f"{c.env}{' / policy ' + c.policy if c.policy else ''}: IQM of the final "
                     "returns with stratified bootstrap 95% CIs (top) and the performance "
                     "profile, the share of runs whose final return is above tau, with its "
-                    "bootstrap 95% band (below; one panel per grid point).",
+                    "bootstrap 95% band (below" + ("; one panel per grid point)."
+                                                    if any(point_of.values()) else ")."),
                     F.save(fig, fig_dir, f"{_safe(c.env)}{who}__aggregates")))
     return out
 

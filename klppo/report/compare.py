@@ -158,7 +158,7 @@ def comparison_figure(c: Comparison, base_of: dict[str, str], point_of: dict[str
     ncols = min(3, len(points))
     nrows = math.ceil(len(points) / ncols)
     top = 0.6 + 0.3 * len(conds)
-    fig = plt.figure(figsize=(10, top + 3.2 * nrows + 1.2))
+    fig = plt.figure(figsize=(10, top + 3.2 * nrows + 0.9))
     grid = fig.add_gridspec(1 + nrows, ncols, height_ratios=[top] + [3.2] * nrows)
     _iqm_panel(fig.add_subplot(grid[0, :]), c, colour)
     first = None
@@ -174,7 +174,7 @@ def comparison_figure(c: Comparison, base_of: dict[str, str], point_of: dict[str
     fig.suptitle(f"{c.env}{who}: final returns over seeds (rliable-style aggregates)",
                  fontsize=10)
     rows = math.ceil(len({base_of.get(k, k) for k in conds}) / 3)
-    fig.tight_layout(rect=(0, (0.35 + 0.2 * rows) / fig.get_figheight(), 1, 1))
+    fig.tight_layout(rect=(0, (0.3 + 0.17 * rows) / fig.get_figheight(), 1, 1))
     _legend(fig, c, base_of, colour, len(points))
     return fig
 

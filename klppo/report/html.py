@@ -90,9 +90,10 @@ def _equivalence_table(equivalences) -> list[str]:
         parts.append(f"<tr><td>{e(q.env)}</td><td>{q.seed}</td>{_policy_cell(q, marl)}"
                      f"{vals}<td>{q.iterations}</td>"
                      f"<td class='{cls}'>{q.max_abs_diff:.3g}</td></tr>")
-    keyed = f" (and {', '.join(cols)}, the settings that differ between pairs)" if cols else ""
+    keyed = (f"env, seed and {', '.join(cols)} (the settings that differ between pairs)"
+             if cols else "env and seed")
     parts.append("</table><p class='muted'>One row per pair of runs that differ only in the "
-                 f"objective: same env, seed{keyed}. 0 is expected with power-of-two "
+                 f"objective: the same {keyed}. 0 is expected with power-of-two "
                  "minibatches: the two objectives have bit-identical gradients.</p>")
     return parts
 
