@@ -15,7 +15,9 @@ from klppo.runs.errors import InputError
 DESCRIPTION = ("The controller lab: replay a logged KL trace (a run directory, its "
                "metrics.jsonl, or a CSV file) through beta controllers, open loop, or simulate "
                "how the KL responds to beta (--closed-loop). Writes OUT/replay.csv and "
-               "OUT/replay.png and prints each controller's tracking metrics.")
+               "OUT/replay.png and prints each controller's metrics: how its beta responded "
+               "(open loop) or how its KL tracked the target (closed loop). A named step preset "
+               "keeps its own target unless the spec sets target=.")
 
 
 def add_parser(sub) -> None:
@@ -26,7 +28,9 @@ def add_parser(sub) -> None:
     p.add_argument("--policy", metavar="NAME",
                    help="a multi-agent run's policy: replay its trace (its NAME/ columns and "
                         "NAME/kl_target); required for a multi-agent run")
-    p.add_argument("--target", type=float, help="target KL (default: the run's, else 0.02)")
+    p.add_argument("--target", type=float,
+                   help="target KL (default: the run's, else 0.02); a named step preset "
+                        "(step:preset=rllib) keeps its own unless its spec sets target=")
     p.add_argument("--controller", nargs="+", metavar="SPEC",
                    help="e.g. step:preset=rllib proportional:beta=1,horizon=10 (default: one "
                         "of each rule)")
@@ -35,8 +39,23 @@ def add_parser(sub) -> None:
     for flag, kind, default, what in _CLOSED_LOOP_FLAGS:
         p.add_argument(flag, type=kind, help=f"{what} (default {default}; --closed-loop only)")
     p.add_argument("--out", type=path_arg, default="replay",
-                   help="directory for replay.csv and replay.png (created; default ./replay)")
+                   help="directory for replay.csv and replay.png (created; default ./replay; "
+                        "an earlier replay there is refused without --force)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite replay.csv and replay.png of an earlier replay in --out")
     p.set_defaults(func=cmd_replay)
+
+
+#: what a replay writes into --out
+OUTPUTS = ("replay.csv", "replay.png")
+
+
+def _check_out(out: str, force: bool) -> None:
+    """FlagError when --out holds an earlier replay's files and --force is not given."""
+    found = [n for n in OUTPUTS if (Path(out) / n).exists()]
+    if found and not force:
+        raise _bad("--out", out, f"holds an earlier replay ({', '.join(found)}); pass --force "
+                                 "to overwrite it, or choose another --out")
 
 
 #: the simulated plant's flags: (flag, type, default, help)
@@ -106,6 +125,7 @@ def _inputs(args: argparse.Namespace):
 
     _check_flags(args)
     check_writable(args.out)
+    _check_out(args.out, args.force)
     if args.closed_loop:
         target = args.target or 0.02
         steps, kl = list(range(args.steps)), None
@@ -121,8 +141,10 @@ def _inputs(args: argparse.Namespace):
 
 
 def _compute(args: argparse.Namespace, kl, target, ctrls):
-    """``(kls, betas, rows, title, xlabel)``: the loops run, nothing written yet."""
-    from klppo.replay.lab import Plant, closed_loop, open_loop, trace_x_label, tracking_metrics
+    """``(kls, betas, rows, title, xlabel)``: the loops run, nothing written yet. ``rows``:
+    (label, metrics) per controller: tracking metrics closed loop, response metrics open loop
+    (:func:`klppo.replay.lab.response_metrics`)."""
+    from klppo.replay.lab import Plant, closed_loop, open_loop, response_metrics, trace_x_label
 
     if args.closed_loop:
         plant = Plant(drift=args.drift, noise=args.noise, seed=args.seed)
@@ -131,16 +153,55 @@ def _compute(args: argparse.Namespace, kl, target, ctrls):
         return ({r.label: r.kl for r in results}, {r.label: r.beta for r in results},
                 [(r.label, r.metrics) for r in results], title,
                 "controller update (one per simulated iteration)")
+    initial = {label: c.value for label, c in ctrls.items()}
     betas = open_loop(kl, ctrls)
-    rows = [(label, tracking_metrics(kl, b, target, ctrls[label].beta_min,
-                                     ctrls[label].beta_max)) for label, b in betas.items()]
+    rows = [(label, response_metrics(kl, [initial[label], *b], ctrls[label].target,
+                                     ctrls[label].beta_min, ctrls[label].beta_max))
+            for label, b in betas.items()]
     title = f"open loop: {args.trace}" + (
         f", policy {args.policy}" if args.policy is not None else "")
     return {"trace": kl}, betas, rows, title, trace_x_label(args.trace)
 
 
+#: the columns printed per controller (metric key, header)
+CLOSED_COLUMNS = [("tracking_error", "tracking_error"), ("overshoot", "overshoot"),
+                  ("settling_time", "settling_time"), ("time_at_bounds", "time_at_bounds")]
+OPEN_COLUMNS = [("moves", "moves"), ("right_way", "right_way"), ("reversals", "reversals/100"),
+                ("decades", "beta_decades"), ("time_at_bounds", "time_at_bounds")]
+
+
+def _print_table(rows, betas, ctrls, columns) -> None:
+    print(f"{'controller':<42}{'target':>9}" + "".join(f"{h:>15}" for _, h in columns)
+          + f"{'final beta':>12}")
+    for label, m in rows:
+        vals = "".join(f"{'-' if m[k] is None else format(m[k], '.3g'):>15}" for k, _ in columns)
+        t = ctrls[label].target
+        print(f"{label:<42}{'-' if t is None else format(t, 'g'):>9}{vals}"
+              f"{betas[label][-1]:>12.4g}")
+
+
+def _print_trace(kl, ctrls) -> None:
+    """Open loop: the trace's own tracking of each distinct target (not the controllers')."""
+    from klppo.replay.lab import FLOOR, tracking_metrics
+
+    for t in sorted({c.target for c in ctrls.values() if c.target is not None}):
+        m = tracking_metrics(kl, [], t, 0.0, 0.0)
+        vals = ", ".join(f"{k} {'-' if m[k] is None else format(m[k], '.3g')}"
+                         for k in ("tracking_error", "overshoot", "settling_time"))
+        print(f"the trace against target {t:g}: {vals}")
+        low = sum(1 for d in kl if d <= FLOOR * t)
+        if low:
+            print(f"note: {low} of {len(kl)} KL values are below {FLOOR:g} x the target {t:g} "
+                  f"(a noisy estimate can be 0 or negative): the tracking error counts them as "
+                  f"{FLOOR:g} x the target")
+    print("(open loop: the trace does not react to these betas; the table says how each "
+          "controller's beta answered it: moves = share of updates that changed beta, "
+          "right_way = share of those that corrected the error, reversals per 100 updates, "
+          "decades of beta swept)")
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
-    from klppo.replay.lab import FLOOR
+    from klppo.replay.lab import preset_keeps_target
     from klppo.replay.plots import plot_lab
 
     try:
@@ -156,23 +217,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
         w.writerow(["step", *(f"kl[{k}]" for k in kls), *(f"beta[{k}]" for k in labels)])
         for i, s in enumerate(steps):
             w.writerow([s, *(kls[k][i] for k in kls), *(betas[k][i] for k in labels)])
+    targets = {label: c.target for label, c in ctrls.items()}
     with NumericWarnings() as numeric:  # extreme values overflow inside matplotlib's scaling
-        png = plot_lab(steps, kls, betas, target, title, out / "replay.png", xlabel)
+        png = plot_lab(steps, kls, betas, target, title, out / "replay.png", xlabel, targets)
     if numeric:
         say_error("replay", f"warning: the plot{numeric.suffix()}")
     who = f"policy {args.policy}: " if args.policy is not None else ""
     print(f"{who}target {target:g} (nats per sample)")
-    hdr = ("tracking_error", "overshoot", "settling_time", "time_at_bounds")
-    print(f"{'controller':<42}" + "".join(f"{h:>16}" for h in hdr) + f"{'final beta':>12}")
-    for label, m in rows:
-        vals = "".join(f"{'-' if m[h] is None else format(m[h], '.3g'):>16}" for h in hdr)
-        print(f"{label:<42}{vals}{betas[label][-1]:>12.4g}")
-    if not args.closed_loop:
-        print("(open loop: the trace does not react to these betas; metrics describe the trace)")
-        low = sum(1 for d in kl if d <= FLOOR * target)
-        if low:
-            print(f"note: {low} of {len(kl)} KL values are below {FLOOR:g} x the target (a noisy "
-                  f"estimate can be 0 or negative): the tracking error counts them as "
-                  f"{FLOOR:g} x the target")
+    for label, t in targets.items():
+        if preset_keeps_target(label) and t != target:
+            print(f"note: {label} keeps its preset's target {t:g}; add target={target:g} to "
+                  "the spec to replay it at the replay's target")
+    if args.closed_loop:
+        _print_table(rows, betas, ctrls, CLOSED_COLUMNS)
+    else:
+        _print_table(rows, betas, ctrls, OPEN_COLUMNS)
+        _print_trace(kl, ctrls)
     print(f"wrote {out / 'replay.csv'} and {png}")
     return 0

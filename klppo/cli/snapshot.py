@@ -21,8 +21,9 @@ def add_parser(sub) -> None:
     p.add_argument("--title", default="Results", help="the snapshot's heading")
     p.add_argument("--command", default="klppo snapshot ...",
                    help="the command that regenerates it (shown in the header)")
-    p.add_argument("--smooth", type=int, default=1, metavar="K",
-                   help="report figures: moving average over K iterations (tables: never)")
+    p.add_argument("--smooth", type=int, default=None, metavar="K",
+                   help="report figures: moving average over K iterations (default: about "
+                        "5%% of the runs' iterations; 1: raw; tables: never)")
     p.add_argument("--finished-only", action="store_true",
                    help="leave out runs that did not finish")
     p.set_defaults(func=cmd_snapshot)

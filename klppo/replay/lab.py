@@ -32,12 +32,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from klppo.core.controllers import KLController, make_controller
+from klppo.replay.metrics import FLOOR, response_metrics, tracking_metrics
 from klppo.runs.configfile import InputFileError, read_text
 from klppo.runs.metrics import policies_of
 
 __all__ = ["Plant", "load_trace", "parse_controller", "default_controllers", "open_loop",
-           "closed_loop", "tracking_metrics", "LoopResult", "trace_x_label", "FLOOR",
-           "check_finite"]
+           "closed_loop", "tracking_metrics", "response_metrics", "LoopResult", "trace_x_label",
+           "FLOOR", "check_finite", "preset_keeps_target"]
 
 
 def load_trace(path: str | Path, column: str | None = None,
@@ -160,12 +161,16 @@ def _trace_csv(p: Path, text: str, column: str | None) -> tuple[list[float], lis
     return steps, kl
 
 
-def parse_controller(spec: str, target: float | None = None) -> tuple[str, KLController]:
-    """``"step:preset=rllib"`` or ``"proportional:beta=1,horizon=20"`` -> (label, controller).
+def preset_keeps_target(spec: str) -> bool:
+    """Whether a controller spec is a named step preset without ``target=``
+    (``step:preset=rllib``): it keeps the preset's own target (rllib 0.01, klip 0.02, ...),
+    which the replay's target does not replace."""
+    name, options = _spec_options(spec)
+    return name == "step" and "preset" in options and "target" not in options
 
-    ``target`` is applied unless the spec sets its own. A bad spec raises ``ValueError``
-    ``controller='spec': why``.
-    """
+
+def _spec_options(spec: str) -> tuple[str, dict[str, Any]]:
+    """``(name, options)`` of a controller spec; ValueError naming it when malformed."""
     name, _, opts = spec.partition(":")
     options: dict[str, Any] = {}
     for item in filter(None, opts.split(",")):
@@ -178,7 +183,18 @@ def parse_controller(spec: str, target: float | None = None) -> tuple[str, KLCon
             options[k] = float(v)
         except ValueError:
             options[k] = v
-    if target is not None and "target" not in options:
+    return name, options
+
+
+def parse_controller(spec: str, target: float | None = None) -> tuple[str, KLController]:
+    """``"step:preset=rllib"`` or ``"proportional:beta=1,horizon=20"`` -> (label, controller).
+
+    ``target`` is applied unless the spec sets its own: ``target=...``, or a named step preset,
+    which keeps the preset's (:func:`preset_keeps_target`; the controller's ``target`` says
+    which applies). A bad spec raises ``ValueError`` ``controller='spec': why``.
+    """
+    name, options = _spec_options(spec)
+    if target is not None and "target" not in options and not preset_keeps_target(spec):
         options["target"] = target
     try:
         return spec, make_controller(name, **options)
@@ -187,8 +203,10 @@ def parse_controller(spec: str, target: float | None = None) -> tuple[str, KLCon
 
 
 def default_controllers(target: float) -> list[str]:
-    """One of each rule, tuned to the same target (nats per sample)."""
-    return ["fixed:beta=1", "step:preset=ppo_paper", "step:preset=rllib,beta=1",
+    """One of each rule, tuned to the same target (nats per sample; the step presets are given
+    it explicitly, as they would keep their own)."""
+    return ["fixed:beta=1", f"step:preset=ppo_paper,target={target:g}",
+            f"step:preset=rllib,beta=1,target={target:g}",
             "proportional:beta=1,horizon=10", "exponential:beta=1,gain=20",
             f"pid:beta=1,kp={0.05 / target:g},ki={0.25 / target:g},p_ema=0.5"]
 
@@ -288,44 +306,3 @@ def closed_loop(label: str, controller: KLController, plant: Plant, steps: int =
     m = tracking_metrics(kl, beta, controller.target, controller.beta_min, controller.beta_max,
                          band)
     return LoopResult(label, kl, beta, m)
-
-
-#: the smallest KL / target the tracking error counts (a KL at or below 0 is 1000x too low)
-FLOOR = 1e-3
-
-
-def tracking_metrics(kl: Sequence[float], beta: Sequence[float], target: float | None,
-                     beta_min: float, beta_max: float, band: float = 0.5,
-                     window: int = 5) -> dict[str, float | None]:
-    """How well a KL trace tracks its target.
-
-    * ``tracking_error``: mean ``|log(KL / target)|`` over the second half (0 is perfect;
-      0.69 means off by a factor of 2 on average); a KL below ``FLOOR * target`` (a noisy
-      estimate can be 0 or negative) counts as ``FLOOR * target``, 1000 times too low;
-    * ``overshoot``: the largest ``KL / target - 1`` after the KL first comes within the band;
-    * ``settling_time``: the first step from which the moving median (``window`` steps) of
-      ``KL / target`` stays within ``1 +- band`` to the end (None if it never does);
-    * ``time_at_bounds``: the share of steps with beta at ``beta_min`` or ``beta_max``.
-    """
-    k = np.asarray(kl, float)
-    b = np.asarray(beta, float)
-    out: dict[str, float | None] = {}
-    at_bounds = np.isclose(b, beta_min, rtol=1e-9, atol=0) | np.isclose(b, beta_max, rtol=1e-9,
-                                                                          atol=0)
-    out["time_at_bounds"] = float(at_bounds.mean()) if len(b) else None
-    if target is None or len(k) == 0:
-        return {"tracking_error": None, "overshoot": None, "settling_time": None, **out}
-    with np.errstate(over="ignore"):  # a KL logged as 1e308 (+inf) is off by a factor inf
-        rel = k / target
-        half = np.maximum(rel[len(rel) // 2:], FLOOR)
-        out["tracking_error"] = float(np.mean(np.abs(np.log(half))))
-    inside = np.flatnonzero(np.abs(rel - 1) <= band)
-    out["overshoot"] = float(max(0.0, (rel[inside[0]:] - 1).max())) if len(inside) else None
-    med = np.array([np.median(rel[max(0, i - window + 1):i + 1]) for i in range(len(rel))])
-    ok = np.abs(med - 1) <= band
-    bad = np.flatnonzero(~ok)
-    if not ok[-1]:
-        out["settling_time"] = None
-    else:
-        out["settling_time"] = float(bad[-1] + 1) if len(bad) else 0.0
-    return out

@@ -9,11 +9,18 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
-__all__ = ["lab_figure", "plot_lab"]
+__all__ = ["lab_figure", "plot_lab", "beta_scale", "DECADES"]
 
 _OUTSIDE = {"fontsize": 7, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0),
             "borderaxespad": 0.0}
+_TARGET_STYLES = ["--", ":", "-."]
+
+#: the beta axis is logarithmic over this many decades below the largest beta; below that
+#: (a step rule halving beta on every update of an annealed run reaches 1e-20, a PID beta
+#: sits at 0) it is linear, so every controller stays on the axis
+DECADES = 4
 
 
 def _scale(series) -> str:
@@ -21,13 +28,42 @@ def _scale(series) -> str:
     return "log" if any(v > 0 for vs in series for v in vs) else "linear"
 
 
+def beta_scale(series) -> tuple[str, float | None]:
+    """``(scale, linthresh)`` of the beta axis: ``"log"`` when every value lies within
+    :data:`DECADES` decades of the largest; ``"symlog"`` with ``linthresh`` that far below it
+    when some value is smaller (or 0), so it stays visible near the bottom instead of
+    stretching the axis over 20 decades or dropping off it; ``"linear"`` with no value > 0."""
+    values = np.concatenate([np.asarray(v, float) for v in series]) if series else np.zeros(0)
+    values = values[np.isfinite(values)]
+    if not (values > 0).any():
+        return "linear", None
+    floor = float(values.max()) * 10.0 ** -DECADES
+    if values.min() >= floor:
+        return "log", None
+    return "symlog", floor
+
+
+def _targets(ax, targets: dict[str, float | None]) -> None:
+    """One dashed line per distinct target, naming its controllers when they differ."""
+    by_value: dict[float, list[str]] = {}
+    for label, t in targets.items():
+        if t is not None:
+            by_value.setdefault(t, []).append(label)
+    for i, (t, labels) in enumerate(sorted(by_value.items())):
+        who = f" ({', '.join(labels)})" if len(by_value) > 1 else ""
+        ax.axhline(t, color="k", ls=_TARGET_STYLES[i % len(_TARGET_STYLES)], lw=1,
+                   label=f"target {t:g}{who}")
+
+
 def lab_figure(steps: Sequence[float], kl_by_label: dict[str, Sequence[float]],
                beta_by_label: dict[str, Sequence[float]], target: float | None, title: str,
-               xlabel: str = "update"):
-    """KL (top, log scale, with the target) and beta (bottom, log scale) per controller (a
-    panel with no value above 0, a fixed beta of 0, is linear); each panel has its legend to
-    the right of the data; ``xlabel`` says what the x axis counts.
+               xlabel: str = "update", targets: dict[str, float | None] | None = None):
+    """KL (top, log scale, with the target) and beta (bottom, :func:`beta_scale`) per
+    controller (a panel with no value above 0, a fixed beta of 0, is linear); each panel has
+    its legend to the right of the data; ``xlabel`` says what the x axis counts.
 
+    ``targets`` (controller -> its own target) draws one line per distinct target, naming the
+    controllers when they differ (a step preset keeps its own); without it, ``target``.
     When ``kl_by_label`` has the controllers' labels (closed loop), a controller's KL line has
     its beta line's colour and the top legend shows the target only."""
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
@@ -39,14 +75,21 @@ def lab_figure(steps: Sequence[float], kl_by_label: dict[str, Sequence[float]],
             ax.plot(steps, kl, lw=1, color=colour[label])
         else:
             ax.plot(steps, kl, lw=1, color="0.35", label=f"{label} (observed KL)")
-    if target is not None:
-        ax.axhline(target, color="k", ls="--", lw=1, label=f"target {target:g}")
+    _targets(ax, targets if targets is not None else {"": target})
     ax.set(ylabel="KL (nats per sample)", yscale=_scale(kl_by_label.values()), title=title)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(title="KL: colours as below" if same else None, title_fontsize=7, **_OUTSIDE)
     for label, beta in beta_by_label.items():
         bx.plot(steps, beta, lw=1, color=colour[label], label=label)
-    bx.set(ylabel="beta", yscale=_scale(beta_by_label.values()), xlabel=xlabel)
+    scale, floor = beta_scale(list(beta_by_label.values()))
+    if scale == "symlog":
+        bx.set_yscale("symlog", linthresh=floor, linscale=0.4)
+        bx.axhspan(0, floor, color="0.93", zorder=0)
+        bx.set_ylabel(f"beta\n(log; linear below {floor:.0e})")
+        bx.set_ylim(bottom=0)
+    else:
+        bx.set(ylabel="beta", yscale=scale)
+    bx.set_xlabel(xlabel)
     bx.legend(title="controller", title_fontsize=7, **_OUTSIDE)
     for a in (ax, bx):
         a.grid(alpha=0.3)
@@ -55,9 +98,10 @@ def lab_figure(steps: Sequence[float], kl_by_label: dict[str, Sequence[float]],
 
 def plot_lab(steps: Sequence[float], kl_by_label: dict[str, Sequence[float]],
              beta_by_label: dict[str, Sequence[float]], target: float | None, title: str,
-             path: Path, xlabel: str = "update") -> Path:
+             path: Path, xlabel: str = "update",
+             targets: dict[str, float | None] | None = None) -> Path:
     """:func:`lab_figure` written to ``path`` (PNG); returns ``path``."""
-    fig = lab_figure(steps, kl_by_label, beta_by_label, target, title, xlabel)
+    fig = lab_figure(steps, kl_by_label, beta_by_label, target, title, xlabel, targets)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -2,6 +2,8 @@
 
 Reads run directories only (no torch). Runs are grouped by environment, so runs of different
 environments never share a table; everything unreadable is listed with the reason it was skipped.
+A sweep's grid axes (:mod:`klppo.report.grid`) facet the learning curves and key the
+equivalence table; the conditions are compared rliable-style (:mod:`klppo.report.compare`).
 A multi-agent run counts once per policy (:meth:`Run.of_policy`): its table rows, curves, KL
 panels and partitions are per (condition, policy), and the tables gain a ``policy`` column.
 """
@@ -18,21 +20,24 @@ from pathlib import Path
 
 import numpy as np
 
+from klppo.report import curves as C
 from klppo.report import figures as F
+from klppo.report.compare import Comparison, compare, comparison_figure, comparison_markdown
+from klppo.report.equivalence import (
+    Equivalence,
+    equivalence,
+    has_policies,
+    unpaired_notes,
+    write_equivalence,
+)
+from klppo.report.grid import assign_axes, base_condition, grid_point, point_label
 from klppo.report.html import render_html
 from klppo.report.load import Run, load_runs, merge_commits, run_machines
 from klppo.report.stats import Summary, summarize
+from klppo.runs.errors import InputError
 
-__all__ = ["Report", "make_report", "equivalence", "format_table", "units", "has_policies"]
-
-
-@dataclass
-class Equivalence:
-    env: str
-    seed: int
-    max_abs_diff: float
-    iterations: int
-    policy: str | None = None
+__all__ = ["Report", "NoRunsError", "REPORT_FILES", "earlier_report", "make_report",
+           "equivalence", "format_table", "units", "has_policies", "Equivalence"]
 
 
 @dataclass
@@ -46,52 +51,24 @@ class Report:
     notes: list[str] = field(default_factory=list)
     machines: list[str] = field(default_factory=list)
     """the machines (and software) the runs were measured on, one line each"""
+    comparisons: list[Comparison] = field(default_factory=list)
+    """per env (and policy): IQM, performance profile, probability of improvement"""
+
+
+class NoRunsError(InputError):
+    """``klppo report`` found no readable run: nothing is written."""
+
+    def __init__(self, paths: list[str | Path], skipped: list[tuple[str, str]]) -> None:
+        named = ", ".join(str(p) for p in paths)
+        why = f"; {len(skipped)} skipped, first: {skipped[0][0]}: {skipped[0][1]}" if skipped \
+            else ""
+        super().__init__(f"no readable run found in {named}{why}")
 
 
 def units(runs: list[Run]) -> list[Run]:
     """What the report counts: each single-agent run, and each policy of each multi-agent run
     (:meth:`Run.of_policy`)."""
     return [u for r in runs for u in ([r.of_policy(p) for p in r.policies] or [r])]
-
-
-def equivalence(runs: list[Run]) -> list[Equivalence]:
-    """Max |difference| of the return curves of clip and per_sample_kl (clip shape) runs that
-    share env and seed (0 expected with power-of-two minibatches: Theorem 1); per policy for
-    multi-agent runs (given as :func:`units`)."""
-    def is_psk_clip(r: Run) -> bool:
-        return r.objective == "per_sample_kl" and (r.config.get("ppo") or {}).get(
-            "shape", "clip") == "clip"
-
-    out = []
-    pairs: dict[tuple[str, int, str | None], dict[str, Run]] = defaultdict(dict)
-    for r in runs:
-        if r.objective == "clip":
-            pairs[(r.env, r.seed, r.policy)]["clip"] = r
-        elif is_psk_clip(r):
-            pairs[(r.env, r.seed, r.policy)]["psk"] = r
-    for (env, seed, policy), p in sorted(pairs.items(), key=lambda kv: (*kv[0][:2],
-                                                                        kv[0][2] or "")):
-        if len(p) < 2:
-            continue
-        a = [m.get("episode_return_mean") for m in p["clip"].metrics]
-        b = [m.get("episode_return_mean") for m in p["psk"].metrics]
-        n = min(len(a), len(b))
-        diffs = []
-        for x, y in zip(a[:n], b[:n]):
-            if x is None and y is None:
-                diffs.append(0.0)
-            elif x is None or y is None:
-                diffs.append(math.inf)
-            else:
-                diffs.append(abs(x - y))
-        out.append(Equivalence(env, seed, max(diffs) if diffs else math.nan, n, policy))
-    return out
-
-
-def has_policies(rows: list[Summary] | list[Equivalence]) -> bool:
-    """Whether a table has multi-agent rows, and so a ``policy`` column (``—`` for the
-    single-agent rows); single-agent tables are as they always were."""
-    return any(r.policy is not None for r in rows)
 
 
 def format_table(summaries: list[Summary]) -> str:
@@ -117,22 +94,6 @@ def _write_csv(path: Path, summaries: list[Summary]) -> None:
             w.writerow([s.env, s.condition, *([s.policy or ""] if marl else []), s.n, s.mean,
                         s.std, s.iqm, s.ci_low, s.ci_high,
                         ";".join(f"{k}:{v}" for k, v in sorted(s.per_seed.items()))])
-
-
-def _write_equivalence(out: Path, eqs: list[Equivalence]) -> None:
-    marl = has_policies(eqs)
-    md = [f"| env | seed | {'policy | ' if marl else ''}iterations | max abs diff of return "
-          "curves |", "|---|---|---|---|" + ("---|" if marl else "")]
-    for e in eqs:
-        pol = f"{e.policy or '—'} | " if marl else ""
-        md.append(f"| {e.env} | {e.seed} | {pol}{e.iterations} | {e.max_abs_diff:.3g} |")
-    (out / "equivalence.md").write_text("\n".join(md) + "\n")
-    with open(out / "equivalence.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["env", "seed", *(["policy"] if marl else []), "iterations", "max_abs_diff"])
-        for e in eqs:
-            w.writerow([e.env, e.seed, *([e.policy or ""] if marl else []), e.iterations,
-                        e.max_abs_diff])
 
 
 def _safe(name: str) -> str:
@@ -163,9 +124,12 @@ def _group_figures(env: str, rs: list[Run], fig_dir: Path, smooth: int,
     who, stem, part = "", safe, str
     if policy is not None:
         who, stem, part = f" / policy {policy}", f"{safe}__{_safe(policy)}", _safe
-    figures = [(f"{env}{who}: learning curves",
-                F.save(F.learning_curves(f"{env}{who}", rs, smooth), fig_dir,
-                       f"{stem}__curves"))]
+    window = f" Curves: {C.window_text(smooth)}."
+    axes = sorted({a for r in rs for a in r.axes if a != "env"})
+    facets = f" One panel per value of {', '.join(axes)}." if axes else ""
+    figures = [(f"{env}{who}: learning curves, mean over seeds with a 95% band.{facets}"
+                f"{window}", F.save(C.learning_curves(f"{env}{who}", rs, smooth), fig_dir,
+                                    f"{stem}__curves"))]
     penalised: dict[str, list[Run]] = defaultdict(list)
     clip_like: dict[str, list[Run]] = defaultdict(list)
     for r in rs:
@@ -178,62 +142,121 @@ def _group_figures(env: str, rs: list[Run], fig_dir: Path, smooth: int,
         what = "KL vs target and beta" if F.has_target(crs) is not None else \
             "KL and beta (fixed beta: no target)"
         note = f" {F.ANNEAL_NOTE}" if F.lr_anneals(crs) else ""
-        figures.append((f"{env} / {cond}{who}: {what}, seeds {seeds}.{note}",
+        figures.append((f"{env} / {cond}{who}: {what}, seeds {seeds}.{window}{note}",
                         F.save(F.kl_tracking(env, f"{cond}{who}", crs, smooth), fig_dir,
                                f"{stem}__{part(cond)}__kl")))
     for cond, crs in sorted(clip_like.items()):
-        figures.append((f"{env} / {cond}{who}: partition (kill, pass, in) and beta_t",
+        figures.append((f"{env} / {cond}{who}: partition (kill, pass, in) and |beta_t|, the "
+                        "per-sample KL coefficient the clip applies on the kill set (0 "
+                        f"elsewhere).{window}",
                         F.save(F.partitions(env, f"{cond}{who}", crs, smooth), fig_dir,
                                f"{stem}__{part(cond)}__partition")))
     return figures
 
 
-def make_report(paths: list[str | Path], out_dir: str | Path, smooth: int = 1,
+def _comparison_figures(comps: list[Comparison], rs: list[Run],
+                        fig_dir: Path) -> list[tuple[str, Path]]:
+    bases = sorted({base_condition(r) for r in rs})
+    base_of = {r.condition: base_condition(r) for r in rs}
+    point_of = {r.condition: point_label(grid_point(r)) for r in rs}
+    out = []
+    for c in comps:
+        who = f"__{_safe(c.policy)}" if c.policy is not None else ""
+        fig = comparison_figure(c, base_of, point_of, bases)
+        out.append((f"{c.env}{' / policy ' + c.policy if c.policy else ''}: IQM of the final "
+                    "returns with stratified bootstrap 95% CIs (top) and the performance "
+                    "profile, the share of runs whose final return is above tau, with its "
+                    "bootstrap 95% band (below" + ("; one panel per grid point)."
+                                                    if any(point_of.values()) else ")."),
+                    F.save(fig, fig_dir, f"{_safe(c.env)}{who}__aggregates")))
+    return out
+
+
+def _summaries(env: str, rs: list[Run], notes: list[str]) -> list[Summary]:
+    by_cond: dict[tuple[str, str | None], dict[int, float]] = defaultdict(dict)
+    for r in rs:
+        if r.seed in by_cond[(r.condition, r.policy)]:
+            note = (f"{r.path}: a second run of {env} / {r.condition} / seed {r.seed}; the "
+                    "first one found is used")
+            if note not in notes:  # once for a multi-agent run, not once per policy
+                notes.append(note)
+            continue
+        by_cond[(r.condition, r.policy)][r.seed] = r.final_return
+        if math.isnan(r.final_return):
+            who = f" (policy {r.policy})" if r.policy is not None else ""
+            notes.append(f"{r.path}{who}: no training episode ended in the last 10% of "
+                         "the steps, so it has no final return (left out of the table)")
+    return [summarize(env, c, s, p) for (c, p), s in
+            sorted(by_cond.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
+
+
+#: what a report writes into its directory
+REPORT_FILES = ("report.html", "final_returns.md", "final_returns.csv", "equivalence.md",
+                "equivalence.csv", "aggregates.md", "figures")
+
+
+def earlier_report(out_dir: str | Path) -> list[str]:
+    """The files of :data:`REPORT_FILES` already in ``out_dir`` (an earlier report)."""
+    out = Path(out_dir)
+    return [n for n in REPORT_FILES if (out / n).exists()] if out.is_dir() else []
+
+
+def _clear_figures(fig_dir: Path) -> None:
+    """An earlier report's figures (PNG and SVG only) in ``fig_dir``: a rewritten report
+    leaves none of them behind."""
+    if fig_dir.is_dir():
+        for p in fig_dir.iterdir():
+            if p.is_file() and p.suffix in (".png", ".svg"):
+                p.unlink()
+
+
+def make_report(paths: list[str | Path], out_dir: str | Path, smooth: int | None = None,
                 finished_only: bool = False) -> Report:
     """Tables, figures and report.html for the runs under ``paths``, written to ``out_dir``.
 
     ``smooth``: the figures' curves are trailing moving averages over that many iterations
-    (1: raw). The tables never smooth. ``finished_only``: leave out runs that did not finish
-    (listed in ``skipped``)."""
-    if not isinstance(smooth, int) or isinstance(smooth, bool) or smooth < 1:
+    (1: raw; None: :func:`klppo.report.curves.auto_smooth` per env, about 5% of its runs'
+    iterations), stated in each figure. The tables never smooth. ``finished_only``: leave out
+    runs that did not finish (listed in ``skipped``). No readable run: :class:`NoRunsError`
+    before ``out_dir`` is made. Files of an earlier report in ``out_dir`` are replaced (the
+    command line refuses that without ``--force``)."""
+    if smooth is not None and (not isinstance(smooth, int) or isinstance(smooth, bool)
+                               or smooth < 1):
         raise ValueError(f"smooth={smooth!r}: must be an integer >= 1 (iterations)")
+    loaded = load_runs(paths, finished_only)
+    runs = loaded.runs
+    if not runs:
+        raise NoRunsError(paths, loaded.skipped)
     out = Path(out_dir)
     fig_dir = out / "figures"
     out.mkdir(parents=True, exist_ok=True)
-    loaded = load_runs(paths, finished_only)
-    runs = loaded.runs
+    _clear_figures(fig_dir)
     notes = [f"{r.path}: {n}" for r in runs for n in r.notes]
+    views = assign_axes(units(runs))
     by_env: dict[str, list[Run]] = defaultdict(list)
-    for r in units(runs):
+    for r in views:
         by_env[r.env].append(r)
     summaries: list[Summary] = []
     figures: list[tuple[str, Path]] = []
+    windows: dict[str, int] = {}
     for env, rs in sorted(by_env.items()):
-        by_cond: dict[tuple[str, str | None], dict[int, float]] = defaultdict(dict)
-        for r in rs:
-            if r.seed in by_cond[(r.condition, r.policy)]:
-                note = (f"{r.path}: a second run of {env} / {r.condition} / seed {r.seed}; the "
-                        "first one found is used")
-                if note not in notes:  # once for a multi-agent run, not once per policy
-                    notes.append(note)
-                continue
-            by_cond[(r.condition, r.policy)][r.seed] = r.final_return
-            if math.isnan(r.final_return):
-                who = f" (policy {r.policy})" if r.policy is not None else ""
-                notes.append(f"{r.path}{who}: no training episode ended in the last 10% of "
-                             "the steps, so it has no final return (left out of the table)")
-        summaries += [summarize(env, c, s, p) for (c, p), s in
-                      sorted(by_cond.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
-        figures += _env_figures(env, rs, fig_dir, smooth)
-    eqs = equivalence(units(runs))
-    table = format_table(summaries)
-    (out / "final_returns.md").write_text(table + "\n")
+        windows[env] = smooth if smooth is not None else C.auto_smooth(rs)
+        env_summaries = _summaries(env, rs, notes)
+        summaries += env_summaries
+        figures += _env_figures(env, rs, fig_dir, windows[env])
+    comps = compare(summaries)
+    comp_figs = [f for env, rs in sorted(by_env.items()) for f in _comparison_figures(
+        [c for c in comps if c.env == env], rs, fig_dir)]
+    eqs = equivalence(views)
+    notes += unpaired_notes(views)
+    (out / "final_returns.md").write_text(format_table(summaries) + "\n")
     _write_csv(out / "final_returns.csv", summaries)
-    _write_equivalence(out, eqs)
+    write_equivalence(out, eqs)
+    (out / "aggregates.md").write_text(comparison_markdown(comps))
     machines = merge_commits([m for r in runs for m in run_machines(r.metadata)])
     html = out / "report.html"
     html.write_text(render_html(summaries, eqs, figures, runs, loaded.skipped, notes,
-                                smooth=smooth, machines=machines))
-    return Report(out, html, summaries, eqs, loaded.skipped, figures, notes, machines)
-
-
+                                windows=windows, machines=machines, comparisons=comps,
+                                comparison_figures=comp_figs))
+    return Report(out, html, summaries, eqs, loaded.skipped, figures + comp_figs, notes,
+                  machines, comps)

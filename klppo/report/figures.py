@@ -1,13 +1,14 @@
-"""Report figures (matplotlib, Agg): learning curves, KL vs target with beta, partitions.
+"""Report figures (matplotlib, Agg): KL vs target with beta, partitions (learning curves:
+:mod:`klppo.report.curves`).
 
 Every figure takes ``smooth``: a trailing moving average over that many iterations (1: the raw
-values; NaN entries are left out of each window). Legends sit outside the axes, off the data.
+values; NaN entries are left out of each window), stated in its title. Legends sit outside the
+axes, off the data.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
@@ -16,8 +17,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from klppo.report.curves import learning_curves, smooth_values, window_text  # noqa: E402
 from klppo.report.load import Run  # noqa: E402
-from klppo.report.stats import curve_on_grid  # noqa: E402
+from klppo.report.partition import kill_set_beta  # noqa: E402
 
 __all__ = ["save", "smooth_values", "learning_curves", "kl_tracking", "has_target",
            "lr_anneals", "partitions", "TARGET_COLOUR"]
@@ -33,23 +35,8 @@ def _f(x) -> float:
     return np.nan if x is None else float(x)
 
 
-def smooth_values(values, k: int) -> np.ndarray:
-    """Trailing moving average over ``k`` points (NaNs skipped; all-NaN windows stay NaN)."""
-    v = np.array([_f(x) for x in values], float)
-    if k <= 1 or len(v) == 0:
-        return v
-    ok = ~np.isnan(v)
-    csum = np.concatenate([[0.0], np.cumsum(np.where(ok, v, 0.0))])
-    cnt = np.concatenate([[0], np.cumsum(ok)])
-    hi = np.arange(1, len(v) + 1)
-    lo = np.maximum(0, hi - k)
-    n = cnt[hi] - cnt[lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, (csum[hi] - csum[lo]) / np.maximum(n, 1), np.nan)
-
-
 def _smoothed_note(smooth: int) -> str:
-    return f" (moving average over {smooth} iterations)" if smooth > 1 else ""
+    return f" ({window_text(smooth)})"
 
 
 def save(fig, out_dir: Path, name: str) -> Path:
@@ -60,35 +47,6 @@ def save(fig, out_dir: Path, name: str) -> Path:
     fig.savefig(out_dir / f"{name}.svg", bbox_inches="tight")
     plt.close(fig)
     return png
-
-
-def learning_curves(env: str, runs: list[Run], smooth: int = 1):
-    """Mean training-episode return across seeds with a 95% band, one line per condition."""
-    fig, ax = plt.subplots(figsize=(8, 4))
-    by_cond: dict[str, list[Run]] = defaultdict(list)
-    for r in runs:
-        by_cond[r.condition].append(r)
-    last = max(r.metrics[-1]["global_step"] for r in runs)
-    grid = np.linspace(0, last, 200)
-    styles = ["-", "--", ":", "-."]  # identical curves (Theorem 1) stay visible
-    for k, (cond, rs) in enumerate(sorted(by_cond.items())):
-        curves = np.stack([curve_on_grid(
-            [m["global_step"] for m in r.metrics],
-            list(smooth_values([m.get("episode_return_mean") for m in r.metrics], smooth)),
-            grid) for r in rs])
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns before episode 1
-            mean = np.nanmean(curves, 0)
-            n = np.sum(~np.isnan(curves), 0)
-            sem = np.nanstd(curves, 0) / np.sqrt(np.maximum(n, 1))
-        line, = ax.plot(grid, mean, ls=styles[k % len(styles)], label=f"{cond} (n={len(rs)})")
-        ax.fill_between(grid, mean - 1.96 * sem, mean + 1.96 * sem, alpha=0.2,
-                        color=line.get_color())
-    ax.set(title=f"{env}: training-episode return{_smoothed_note(smooth)}",
-           xlabel="environment steps", ylabel="episode return\n(mean over seeds, 95% band)")
-    ax.legend(title="condition", title_fontsize=8, **_LEGEND)
-    ax.grid(alpha=0.3)
-    return fig
 
 
 def has_target(runs: list[Run]) -> float | None:
@@ -164,7 +122,8 @@ def kl_tracking(env: str, cond: str, runs: list[Run], smooth: int = 1):
     kind = "adaptive beta" if target is not None else "fixed beta" + (
         f" {fixed.pop():g}" if len(fixed) == 1 and isinstance(next(iter(fixed)), (int, float))
         else "")
-    ax.set_title(f"{env} / {cond}: {what}, {kind}{_smoothed_note(smooth)}", fontsize=10)
+    ax.set_title(f"{env} / {cond}: {what}, {kind}\n(KL: {window_text(smooth)}; beta: raw)",
+                 fontsize=10)
     ax.legend(**_LEGEND)
     bx.set(ylabel="beta", yscale=beta_scale, xlabel="environment steps")
     for a in (ax, bx):
@@ -173,33 +132,56 @@ def kl_tracking(env: str, cond: str, runs: list[Run], smooth: int = 1):
 
 
 def partitions(env: str, cond: str, runs: list[Run], smooth: int = 1):
-    """Kill and pass fractions (own scale), the in fraction, and beta_t quantiles over training;
-    means over seeds."""
-    fig, (kx, ix, bx) = plt.subplots(1, 3, figsize=(12, 3.2))
+    """Kill and pass fractions (own scale), the in fraction, and |beta_t| over training; means
+    over seeds.
+
+    |beta_t| is 0 off the kill set, so its quantiles over all samples (what runs log) are 0
+    whenever fewer than 50% (q50) or 10% (q90) of the samples are killed: the panel shows the
+    mean |beta_t| on the kill set (:func:`kill_set_beta`) and the q99 over all samples, and
+    q50 / q90 only where they are ever above 0 (the title says so where they are not)."""
+    fig, (kx, ix, bx) = plt.subplots(1, 3, figsize=(12, 3.4))
     n = min(len(r.metrics) for r in runs)
     steps = [m["global_step"] for m in runs[0].metrics[:n]]
 
-    def mean(key: str) -> np.ndarray:
+    def mean(values) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            return np.nanmean([smooth_values([m.get(key) for m in r.metrics[:n]], smooth)
-                               for r in runs], 0)
+            return np.nanmean([smooth_values(values(r)[:n], smooth) for r in runs], 0)
+
+    def key_mean(key: str) -> np.ndarray:
+        return mean(lambda r: [m.get(key) for m in r.metrics])
 
     for key, color in (("frac_kill", "tab:red"), ("frac_pass", "tab:orange")):
-        kx.plot(steps, mean(key), label=key[5:], color=color)
+        kx.plot(steps, key_mean(key), label=key[5:], color=color)
     kx.set(title="kill and pass", xlabel="environment steps", ylabel="fraction of samples")
     kx.set_ylim(bottom=0)
     kx.legend(fontsize=8)
-    ix.plot(steps, mean("frac_in"), color="tab:green")
+    ix.plot(steps, key_mean("frac_in"), color="tab:green")
     ix.set(title="in (clip inactive)", xlabel="environment steps")
-    for key in ("beta_t_q50", "beta_t_q90", "beta_t_q99"):
-        bx.plot(steps, mean(key), label=key.replace("beta_t_", ""))
-    bx.set(title="|beta_t| quantiles (0 off the kill set)", xlabel="environment steps",
-           ylabel="|beta_t|")
-    bx.legend(fontsize=8)
+    _beta_panel(bx, runs, steps, mean, key_mean)
     for a in (kx, ix, bx):
         a.grid(alpha=0.3)
     fig.suptitle(f"{env} / {cond}: partition of samples (mean over {len(runs)} seed"
                  f"{'s' if len(runs) != 1 else ''}){_smoothed_note(smooth)}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _beta_panel(bx, runs: list[Run], steps, mean, key_mean) -> None:
+    """The |beta_t| panel of :func:`partitions`."""
+    zero = []
+    if all(any(kill_set_beta(m, r.config) is not None for m in r.metrics) for r in runs):
+        bx.plot(steps, mean(lambda r: [kill_set_beta(m, r.config) for m in r.metrics]),
+                color="tab:purple", label="mean on the kill set")
+    for key, style in (("beta_t_q50", ":"), ("beta_t_q90", "-."), ("beta_t_q99", "--")):
+        values = key_mean(key)
+        if key != "beta_t_q99" and not np.nanmax(np.abs(values), initial=0.0) > 0:
+            zero.append(key[-3:])
+            continue
+        bx.plot(steps, values, ls=style, color="0.3", label=f"{key[-3:]} over all samples")
+    note = (f"\n{' and '.join(zero)} over all samples: 0 throughout (most samples are not "
+            "killed)" if zero else "")
+    bx.set_title("|beta_t| (0 off the kill set)" + note, fontsize=9)
+    bx.set(xlabel="environment steps", ylabel="|beta_t|")
+    bx.set_ylim(bottom=0)
+    bx.legend(fontsize=7)

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["render_html"]
+from klppo.report.compare import comparison_html
+
+__all__ = ["render_html", "img_tag", "CSS"]
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
@@ -20,6 +22,7 @@ text-align:right} th{background:#f3f3f3} td:nth-child(-n+2){text-align:left}
 figure{margin:1em 0} figcaption{font-size:.9em;color:#555} img{max-width:100%}
 pre{background:#f7f7f7;padding:.6em;overflow:auto;font-size:.8em}
 .ok{color:#1a7f37} .bad{color:#b42318} .muted{color:#666;font-size:.9em}
+table.poi td,table.poi th{font-size:.8em;text-align:center} .wide{overflow-x:auto}
 """
 
 
@@ -49,25 +52,16 @@ def _policy_cell(row, marl: bool) -> str:
     return f"<td style='text-align:left'>{html.escape(row.policy or '—')}</td>"
 
 
-def render_html(summaries, equivalences, figures, runs, skipped, notes, smooth: int = 1,
-                machines: list[str] | None = None) -> str:
+def _final_table(summaries) -> list[str]:
     e = html.escape
     marl = any(s.policy is not None for s in summaries)
-    eq_marl = any(q.policy is not None for q in equivalences)
-    parts = ["<!doctype html><html><head><meta charset='utf-8'>",
-             "<title>klppo report</title>", f"<style>{CSS}</style></head><body>",
-             "<h1>klppo report</h1>",
-             f"<p class='muted'>{len(runs)} runs loaded, {len(skipped)} skipped. Final return: "
-             "mean of training-episode returns over the last 10% of environment steps per seed; "
-             "mean and population std over seeds; IQM with a bootstrap 95% CI.</p>",
-             *_machines(machines or []),
-             "<h2>Final return</h2>" + (
-                 "<p class='muted'>Multi-agent runs have one row per condition and policy: a "
-                 "policy's return is the mean over its agents of their episode returns (its "
-                 "<code>POLICY/episode_return_mean</code>).</p>" if marl else "")
-             + "<table><tr><th>env</th><th>condition</th>"
-             f"{'<th>policy</th>' if marl else ''}<th>seeds</th>"
-             "<th>mean ± std</th><th>IQM [95% CI]</th><th>per seed</th></tr>"]
+    parts = ["<h2>Final return</h2>" + (
+        "<p class='muted'>Multi-agent runs have one row per condition and policy: a "
+        "policy's return is the mean over its agents of their episode returns (its "
+        "<code>POLICY/episode_return_mean</code>).</p>" if marl else "")
+        + "<table><tr><th>env</th><th>condition</th>"
+        f"{'<th>policy</th>' if marl else ''}<th>seeds</th>"
+        "<th>mean ± std</th><th>IQM [95% CI]</th><th>per seed</th></tr>"]
     for s in summaries:
         per = ", ".join(f"{k}: {_num(v)}" for k, v in sorted(s.per_seed.items()))
         parts.append(f"<tr><td>{e(s.env)}</td><td>{e(s.condition)}</td>"
@@ -75,25 +69,82 @@ def render_html(summaries, equivalences, figures, runs, skipped, notes, smooth: 
                      f"<td>{_num(s.mean)} ± {_num(s.std)}</td><td>{_num(s.iqm)} "
                      f"[{_num(s.ci_low)}, {_num(s.ci_high)}]</td><td>{e(per)}</td></tr>")
     parts.append("</table>")
-    parts.append("<h2>Equivalence: clip vs per-sample KL (Theorem 1)</h2>")
-    if equivalences:
-        parts.append("<table><tr><th>env</th><th>seed</th>"
-                     f"{'<th>policy</th>' if eq_marl else ''}<th>iterations</th>"
-                     "<th>max |diff| of return curves</th></tr>")
-        for q in equivalences:
-            cls = "ok" if q.max_abs_diff == 0 else "bad"
-            parts.append(f"<tr><td>{e(q.env)}</td><td>{q.seed}</td>{_policy_cell(q, eq_marl)}"
-                         f"<td>{q.iterations}</td>"
-                         f"<td class='{cls}'>{q.max_abs_diff:.3g}</td></tr>")
-        parts.append("</table><p class='muted'>0 is expected with power-of-two minibatches: "
-                     "the two objectives have bit-identical gradients.</p>")
-    else:
-        parts.append("<p class='muted'>No (env, seed) pair has both a clip and a "
-                     "per_sample_kl run.</p>")
-    parts.append("<h2>Figures</h2>")
-    if smooth > 1:
-        parts.append(f"<p class='muted'>Curves are trailing moving averages over {smooth} "
-                     "iterations (klppo report --smooth); the tables are not smoothed.</p>")
+    return parts
+
+
+def _equivalence_table(equivalences) -> list[str]:
+    e = html.escape
+    parts = ["<h2>Equivalence: clip vs per-sample KL (Theorem 1)</h2>"]
+    if not equivalences:
+        return parts + ["<p class='muted'>No clip run has a per_sample_kl run of the same "
+                        "env, seed and settings.</p>"]
+    marl = any(q.policy is not None for q in equivalences)
+    cols = list(equivalences[0].settings)
+    parts.append("<table><tr><th>env</th><th>seed</th>"
+                 f"{'<th>policy</th>' if marl else ''}"
+                 + "".join(f"<th>{e(c)}</th>" for c in cols)
+                 + "<th>iterations</th><th>max |diff| of return curves</th></tr>")
+    for q in equivalences:
+        cls = "ok" if q.max_abs_diff == 0 else "bad"
+        vals = "".join(f"<td>{e(str(q.settings.get(c)))}</td>" for c in cols)
+        parts.append(f"<tr><td>{e(q.env)}</td><td>{q.seed}</td>{_policy_cell(q, marl)}"
+                     f"{vals}<td>{q.iterations}</td>"
+                     f"<td class='{cls}'>{q.max_abs_diff:.3g}</td></tr>")
+    keyed = (f"env, seed and {', '.join(cols)} (the settings that differ between pairs)"
+             if cols else "env and seed")
+    parts.append("</table><p class='muted'>One row per pair of runs that differ only in the "
+                 f"objective: the same {keyed}. 0 is expected with power-of-two "
+                 "minibatches: the two objectives have bit-identical gradients.</p>")
+    return parts
+
+
+def _comparisons(comparisons, figures) -> list[str]:
+    if not comparisons:
+        return []
+    e = html.escape
+    parts = ["<h2>Aggregates over seeds (rliable-style)</h2>",
+             "<p class='muted'>Per environment, over the final returns of the table: the "
+             "interquartile mean (IQM) with a stratified bootstrap 95% CI, the performance "
+             "profile (share of runs whose final return is above tau) and the probability "
+             "that a run of one condition ends above a run of another (Agarwal et al. 2021). "
+             "With 3 seeds the IQM is the mean and the intervals are wide.</p>"]
+    for c, (caption, path) in zip(comparisons, figures):
+        who = f" / policy {c.policy}" if c.policy is not None else ""
+        parts.append(f"<figure>{img_tag(path)}<figcaption>{e(caption)}</figcaption></figure>")
+        parts.append(f"<p class='muted'>{e(c.env + who)}: probability of improvement, "
+                     "P(row &gt; column) [95% CI]</p>" + comparison_html(c))
+    return parts
+
+
+def _smoothing(windows: dict[str, int]) -> list[str]:
+    if not windows:
+        return []
+    ks = sorted(set(windows.values()))
+    if ks == [1]:
+        return ["<p class='muted'>Curves are raw (not smoothed; klppo report --smooth K "
+                "averages them over K iterations).</p>"]
+    what = (f"{ks[0]} iterations" if len(ks) == 1 else ", ".join(
+        f"{env}: {k}" for env, k in sorted(windows.items())) + " iterations")
+    return [f"<p class='muted'>Curves are trailing moving averages over {what} (klppo report "
+            "--smooth K; 1 = raw); each figure states its window. The tables are not "
+            "smoothed.</p>"]
+
+
+def render_html(summaries, equivalences, figures, runs, skipped, notes,
+                windows: dict[str, int] | None = None, machines: list[str] | None = None,
+                comparisons=(), comparison_figures=()) -> str:
+    """The report page: tables, aggregates, figures (embedded), notes and the configs."""
+    e = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'>",
+             "<title>klppo report</title>", f"<style>{CSS}</style></head><body>",
+             "<h1>klppo report</h1>",
+             f"<p class='muted'>{len(runs)} runs loaded, {len(skipped)} skipped. Final return: "
+             "mean of training-episode returns over the last 10% of environment steps per seed; "
+             "mean and population std over seeds; IQM with a bootstrap 95% CI.</p>",
+             *_machines(machines or []), *_final_table(summaries),
+             *_equivalence_table(equivalences),
+             *_comparisons(list(comparisons), list(comparison_figures)),
+             "<h2>Figures</h2>", *_smoothing(windows or {})]
     for caption, path in figures:
         parts.append(f"<figure>{img_tag(path)}<figcaption>{e(caption)}</figcaption></figure>")
     if skipped or notes:

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
+from klppo.report.curves import IDENTICAL_STYLE  # noqa: E402
 from klppo.report.figures import save  # noqa: E402
 from klppo.report.html import CSS, img_tag  # noqa: E402
 from klppo.runs.metrics import read_metrics  # noqa: E402
@@ -60,6 +61,7 @@ def summarize_arm(arm: str, runs: list[list[dict]]) -> ArmSummary:
 def _curves(by_arm: dict[str, list[list[dict]]], key: str, title: str, ylabel: str, log=False,
             target=None, sparse=False):
     fig, ax = plt.subplots(figsize=(7, 3.4))
+    drawn: dict[str, tuple] = {}
     for arm, runs in sorted(by_arm.items()):
         xs = [r["episodes"] for r in runs[0] if key in r]
         ys = np.array([[r[key] for r in recs if key in r] for recs in runs], float)
@@ -68,16 +70,24 @@ def _curves(by_arm: dict[str, list[list[dict]]], key: str, title: str, ylabel: s
             xs = [0] + xs
             ys = np.concatenate([[[recs[0][init]] for recs in runs], ys], 1)
         n = min(len(xs), ys.shape[1])
+        x, y = list(xs[:n]), ys[:, :n].mean(0)
+        twin = next((a for a, (tx, ty) in drawn.items() if tx == x and np.array_equal(ty, y)),
+                    None)
+        drawn[arm] = (x, y)
+        if twin is not None:  # drawn over its twin, dashed with markers: both stay visible
+            ax.plot(x, y, label=f"{arm}, identical to {twin}",
+                    **(IDENTICAL_STYLE | {"markevery": max(1, len(x) // 12)}))
+            continue
         ls = "--" if arm.startswith("fixed") else "-"
-        ax.plot(xs[:n], ys[:, :n].mean(0), ls=ls, marker="o" if sparse else None, ms=3,
-                label=arm)
+        ax.plot(x, y, ls=ls, marker="o" if sparse else None, ms=3, label=arm)
     if target is not None:
         ax.axhline(target, color="k", lw=1, ls=":", label=f"target {target:g}")
     ax.set(title=title, xlabel="episodes", ylabel=ylabel)
     if log:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    # outside the axes: inside, the legend sat on the KL curves near the target
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return fig
 
 
@@ -99,15 +109,19 @@ def lm_report(compare_dir: str | Path, out_dir: str | Path) -> tuple[Path, list[
         raise FileNotFoundError(f"{compare_dir}: no RLHF run with metrics")
     unit = next(iter(by_arm.values()))[0][0]["kl_unit"]
     target = next(iter(by_arm.values()))[0][0]["kl_target"]
+    mean = "per arm, mean over seeds"
     figures = [
-        ("score", save(_curves(by_arm, "score", "task score (VADER compound)", "score"),
-                       figs_dir, "score")),
-        ("kl", save(_curves(by_arm, "kl", f"KL(policy || reference), {unit}", "nats",
-                            target=target), figs_dir, "kl")),
-        ("beta", save(_curves(by_arm, "beta", "beta", "beta", log=True), figs_dir, "beta")),
-        ("perplexity", save(_curves(by_arm, "held_out_perplexity",
-                                    "held-out perplexity of the policy", "perplexity",
-                                    sparse=True), figs_dir, "perplexity")),
+        (f"task score (VADER compound) {mean}",
+         save(_curves(by_arm, "score", "task score (VADER compound)", "score"), figs_dir,
+              "score")),
+        (f"KL(policy || reference) in {unit} {mean}; dotted: the target",
+         save(_curves(by_arm, "kl", f"KL(policy || reference), {unit}", "nats", target=target),
+              figs_dir, "kl")),
+        (f"beta (log scale) {mean}",
+         save(_curves(by_arm, "beta", "beta", "beta", log=True), figs_dir, "beta")),
+        (f"held-out perplexity of the policy {mean}",
+         save(_curves(by_arm, "held_out_perplexity", "held-out perplexity of the policy",
+                      "perplexity", sparse=True), figs_dir, "perplexity")),
     ]
     summaries = [summarize_arm(a, rs) for a, rs in sorted(by_arm.items())]
     (out / "summary.json").write_text(json.dumps([s.__dict__ for s in summaries], indent=2))

@@ -12,7 +12,7 @@ from typing import Any
 
 from klppo.report.validate import Skip as _Skip
 from klppo.report.validate import read_config, read_records
-from klppo.runs.configfile import InputError, parse_yaml
+from klppo.runs.configfile import InputError, parse_yaml, read_text
 from klppo.runs.metrics import policies_of
 from klppo.runs.protocol import final_return
 
@@ -32,6 +32,9 @@ class Run:
     """the run's metadata.json ({} when missing or unreadable)"""
     policy: str | None = None
     """set on one policy's view of a multi-agent run (:meth:`of_policy`); None otherwise"""
+    axes: tuple[str, ...] = ()
+    """the grid axes (dotted config fields) of the sweep the run belongs to (its spec.yaml's
+    ``grid``); :func:`klppo.report.grid.assign_axes` adds those of runs given on their own"""
 
     @property
     def env(self) -> str:
@@ -199,7 +202,7 @@ def describe_machine(meta: dict[str, Any]) -> str:
     return ", ".join(parts) or "not recorded (no metadata.json)"
 
 
-def _read_run(path: Path, condition: str | None) -> Run:
+def _read_run(path: Path, condition: str | None, axes: tuple[str, ...] = ()) -> Run:
     cfg_path, met_path = path / "config.yaml", path / "metrics.jsonl"
     if not cfg_path.exists():
         raise _Skip("no config.yaml: not a klppo run directory")
@@ -209,7 +212,7 @@ def _read_run(path: Path, condition: str | None) -> Run:
     usable, bad = read_records(met_path)
     status = _read_state(path / "status.json")
     run = Run(path, config, usable, condition or condition_of(config), status,
-              metadata=_read_metadata(path / "metadata.json"))
+              metadata=_read_metadata(path / "metadata.json"), axes=axes)
     if bad:
         run.notes.append(f"skipped {bad} malformed line(s) in metrics.jsonl (killed mid-write?)")
     if status not in (None, "finished"):
@@ -222,16 +225,32 @@ def _read_run(path: Path, condition: str | None) -> Run:
     return run
 
 
-def _load_run(path: Path, condition: str | None) -> tuple[Run | None, str | None]:
+def _load_run(path: Path, condition: str | None,
+              axes: tuple[str, ...]) -> tuple[Run | None, str | None]:
     try:
-        return _read_run(path, condition), None
+        return _read_run(path, condition, axes), None
     except _Skip as e:
         return None, str(e)
     except (OSError, ValueError) as e:  # unreadable file, bad bytes
         return None, f"unreadable ({type(e).__name__}: {e})"
 
 
-def _sweep_targets(p: Path, skipped: list[tuple[str, str]]) -> list[tuple[Path, str | None]]:
+#: a run to read: its directory, its sweep's condition label and grid axes
+_Target = tuple[Path, "str | None", "tuple[str, ...]"]
+
+
+def sweep_axes(p: Path) -> tuple[str, ...]:
+    """The grid axes (dotted fields) of the sweep in ``p``, from its spec.yaml (``()`` when the
+    spec is missing or unreadable: the report then infers axes from the runs' configs)."""
+    try:
+        spec = parse_yaml(read_text(p / "spec.yaml", "spec"), "spec.yaml")
+    except (InputError, OSError):
+        return ()
+    grid = spec.get("grid") if isinstance(spec, dict) else None
+    return tuple(str(k) for k in grid) if isinstance(grid, dict) else ()
+
+
+def _sweep_targets(p: Path, skipped: list[tuple[str, str]]) -> list[_Target]:
     try:
         index = json.loads((p / "index.json").read_bytes())
     except (OSError, ValueError, RecursionError) as e:
@@ -239,7 +258,8 @@ def _sweep_targets(p: Path, skipped: list[tuple[str, str]]) -> list[tuple[Path, 
     runs = index.get("runs") if isinstance(index, dict) else None
     if not isinstance(runs, list):
         raise _Skip("index.json holds no list of runs")
-    targets = []
+    targets: list[_Target] = []
+    axes = sweep_axes(p)
     for e in runs:
         name = e.get("name") if isinstance(e, dict) else None
         if isinstance(name, str) and name and ("/" in name or "\\" in name or name in (".", "..")
@@ -248,13 +268,13 @@ def _sweep_targets(p: Path, skipped: list[tuple[str, str]]) -> list[tuple[Path, 
                             f"outside SWEEP/runs/ is never read)"))
         elif isinstance(name, str) and name:
             cond = e.get("condition")
-            targets.append((p / "runs" / e["name"], None if cond is None else str(cond)))
+            targets.append((p / "runs" / e["name"], None if cond is None else str(cond), axes))
         else:
             skipped.append((str(p / "index.json"), f"entry {e!r} names no run"))
     return targets
 
 
-def _targets(p: Path, skipped: list[tuple[str, str]]) -> list[tuple[Path, str | None]]:
+def _targets(p: Path, skipped: list[tuple[str, str]]) -> list[_Target]:
     if not p.exists():
         raise _Skip("does not exist")
     if not p.is_dir():
@@ -262,11 +282,11 @@ def _targets(p: Path, skipped: list[tuple[str, str]]) -> list[tuple[Path, str | 
     if (p / "index.json").exists():
         return _sweep_targets(p, skipped)
     if (p / "config.yaml").exists():
-        return [(p, None)]
+        return [(p, None, ())]
     children = sorted(c for c in p.iterdir() if (c / "config.yaml").exists())
     if not children:
         raise _Skip("neither a run directory nor a sweep (no config.yaml or index.json)")
-    return [(c, None) for c in children]
+    return [(c, None, ()) for c in children]
 
 
 def load_runs(paths: list[str | Path], finished_only: bool = False) -> Loaded:
@@ -289,12 +309,12 @@ def load_runs(paths: list[str | Path], finished_only: bool = False) -> Loaded:
         except OSError as e:
             skipped.append((str(p), f"unreadable ({type(e).__name__}: {e})"))
             continue
-        for path, cond in targets:
+        for path, cond, axes in targets:
             key = path.resolve()
             if key in seen:
                 continue
             seen.add(key)
-            run, why = _load_run(path, cond)
+            run, why = _load_run(path, cond, axes)
             if run is not None and finished_only and run.status != "finished":
                 run, why = None, f"not finished (status {run.status!r}; --finished-only)"
             if run is None:

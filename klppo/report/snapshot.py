@@ -4,7 +4,8 @@ machine they were measured on, written by a command (``make demo-table``), never
 :func:`write_snapshot` (on the command line ``klppo snapshot RUNS DEST [--title T]
 [--command C] [--smooth K]``) writes ``DEST/final_returns.md``, ``DEST/equivalence.md`` and,
 where runs log a kill set, ``DEST/partition.md`` (each with the header), and
-``DEST/report.html``.
+``DEST/report.html``, and ``DEST/aggregates.md`` (IQM, probability of improvement) where an env
+has two conditions or more.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from klppo.report.build import Report, format_table, make_report
+from klppo.report.compare import comparison_markdown
 from klppo.report.load import load_runs
 from klppo.report.partition import partition_table
 
@@ -27,9 +29,11 @@ FLOAT_NOTE = ("Float results differ across machines (CPU model and instruction s
 
 
 PARTITION_NOTE = ("peak over training of the seed-mean kill fraction (samples whose clipped "
-                  "gradient is zero, where beta_t = -w_t A_t), and the quantiles of |beta_t| "
-                  "over all samples (0 off the kill set), averaged over the last 10% of "
-                  "environment steps; mean ± population std over seeds.")
+                  "gradient is zero, where beta_t = -w_t A_t), the mean |beta_t| on the kill "
+                  "set, and the quantiles of |beta_t| over all samples (0 off the kill set, so "
+                  "q50 and q90 are 0 while fewer than 50% and 10% of the samples are killed), "
+                  "averaged over the last 10% of environment steps; mean ± population std over "
+                  "seeds.")
 
 
 def header(title: str, rep: Report, command: str) -> str:
@@ -46,16 +50,14 @@ def header(title: str, rep: Report, command: str) -> str:
 
 
 def write_snapshot(paths: list[str | Path], dest: str | Path, title: str,
-                   command: str, smooth: int = 1, finished_only: bool = False) -> Report:
+                   command: str, smooth: int | None = None, finished_only: bool = False) -> Report:
     """The report of ``paths`` as a snapshot in ``dest``: tables with :func:`header`, and the
     self-contained report.html (figures embedded, ``smooth`` as in ``make_report``; nothing
-    else is copied)."""
+    else is copied). No readable run: ``NoRunsError`` before ``dest`` is made."""
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         rep = make_report(paths, tmp, smooth=smooth, finished_only=finished_only)
-        if not rep.summaries:
-            raise ValueError(f"{[str(p) for p in paths]}: no readable run")
+        dest.mkdir(parents=True, exist_ok=True)
         top = header(title, rep, command)
         (dest / "final_returns.md").write_text(
             top + "\nFinal return: mean of training-episode returns over the last 10% of "
@@ -70,5 +72,8 @@ def write_snapshot(paths: list[str | Path], dest: str | Path, title: str,
         if len(table.splitlines()) > 2:
             (dest / "partition.md").write_text(
                 top + "\nThe kill set: " + PARTITION_NOTE + "\n\n" + table + "\n")
+        if rep.comparisons:
+            (dest / "aggregates.md").write_text(
+                top + "\n" + comparison_markdown(rep.comparisons, heading=False))
         shutil.copyfile(rep.html, dest / "report.html")
     return rep

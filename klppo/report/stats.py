@@ -1,5 +1,6 @@
 """Aggregate statistics: the KLip-PPO table (mean, population std) and IQM with a stratified
-bootstrap 95% confidence interval (Agarwal et al. 2021)."""
+bootstrap 95% confidence interval (Agarwal et al. 2021; defined in :mod:`klppo.report.aggregate`).
+"""
 
 from __future__ import annotations
 
@@ -7,28 +8,29 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
 
-__all__ = ["Summary", "iqm", "bootstrap_iqm_ci", "summarize", "curve_on_grid"]
+from klppo.report import aggregate as A
+
+__all__ = ["Summary", "iqm", "bootstrap_iqm_ci", "mean_std", "summarize", "curve_on_grid"]
 
 
 def iqm(x: np.ndarray) -> float:
     """Interquartile mean: the mean of the middle 50% (scipy's trim_mean with 0.25)."""
-    return float(sps.trim_mean(np.asarray(x, float), 0.25))
+    return A.iqm(np.asarray(x, float))
 
 
-def bootstrap_iqm_ci(x: np.ndarray, reps: int = 2000, seed: int = 0,
+def bootstrap_iqm_ci(x: np.ndarray, reps: int = A.REPS, seed: int = 0,
                      level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap CI of the IQM, resampling seeds with replacement (with one task the
-    stratified bootstrap reduces to resampling within it)."""
-    x = np.asarray(x, float)
-    if len(x) == 0:
-        return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    samples = x[rng.integers(0, len(x), size=(reps, len(x)))]
-    values = sps.trim_mean(samples, 0.25, axis=1)
-    lo, hi = np.percentile(values, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    return float(lo), float(hi)
+    """Percentile bootstrap CI of the IQM, resampling seeds with replacement (one task: the
+    stratified bootstrap of :func:`klppo.report.aggregate.bootstrap_ci` over seeds)."""
+    return A.bootstrap_ci(np.asarray(x, float), reps, seed, level)
+
+
+def mean_std(x: np.ndarray) -> tuple[float, float]:
+    """Mean and population std; returns near the float limit (a run logs +-inf as +-1e308)
+    are scaled first, so they give finite numbers rather than ``inf ± nan``."""
+    x, s = A.scaled(np.asarray(x, float))
+    return float(x.mean()) * s, float(x.std(ddof=0)) * s
 
 
 @dataclass
@@ -52,10 +54,9 @@ def summarize(env: str, condition: str, per_seed: dict[int, float],
     if len(vals) == 0:
         return Summary(env, condition, 0, math.nan, math.nan, math.nan, math.nan, math.nan,
                        per_seed, policy)
-    with np.errstate(all="ignore"):  # returns near the float limit (a run logged +-inf)
-        lo, hi = bootstrap_iqm_ci(vals)
-        return Summary(env, condition, len(vals), float(vals.mean()), float(vals.std(ddof=0)),
-                       iqm(vals), lo, hi, per_seed, policy)
+    lo, hi = bootstrap_iqm_ci(vals)
+    mean, std = mean_std(vals)
+    return Summary(env, condition, len(vals), mean, std, iqm(vals), lo, hi, per_seed, policy)
 
 
 def curve_on_grid(steps: list[float], values: list[float | None],

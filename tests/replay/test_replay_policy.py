@@ -32,22 +32,28 @@ def _records(run):
 
 def test_replaying_a_policy_with_the_runs_controller_gives_its_logged_betas(run, tmp_path,
                                                                            capsys):
-    """The run's controller (step:preset=rllib) fed policy P's logged KL reproduces P's logged
-    beta trajectory exactly, with P's own target; the two policies' trajectories differ."""
+    """The run's controller (step:preset=rllib at P's own target) fed policy P's logged KL
+    reproduces P's logged beta trajectory exactly; the two policies' trajectories differ.
+    Without ``target=`` the preset keeps its own 0.01 and the replay says so (#24)."""
     recs = _records(run)
     betas = {}
     for p, target in TARGETS.items():
         out = tmp_path / p
-        assert main(["replay", str(run), "--policy", p, "--controller", "step:preset=rllib",
+        spec = f"step:preset=rllib,target={target:g}"
+        assert main(["replay", str(run), "--policy", p, "--controller", spec,
                      "--out", str(out)]) == 0
         assert f"policy {p}: target {target:g} (nats per sample)" in capsys.readouterr().out
         rows = list(csv.DictReader(open(out / "replay.csv")))
         assert [float(r["step"]) for r in rows] == [r["global_step"] for r in recs]
         assert [float(r["kl[trace]"]) for r in rows] == [r[f"{p}/kl_observed"] for r in recs]
-        betas[p] = [float(r["beta[step:preset=rllib]"]) for r in rows]
+        betas[p] = [float(r[f"beta[{spec}]"]) for r in rows]
         assert betas[p] == [r[f"{p}/beta_after"] for r in recs]
         assert (out / "replay.png").stat().st_size > 1000
     assert betas["adversary"] != betas["agent"]
+    assert main(["replay", str(run), "--policy", "adversary", "--controller",
+                 "step:preset=rllib", "--out", str(tmp_path / "preset")]) == 0
+    assert ("note: step:preset=rllib keeps its preset's target 0.01; add target=0.0002 to the "
+            "spec") in capsys.readouterr().out
     assert len(set(betas["adversary"])) > 2, betas
 
 

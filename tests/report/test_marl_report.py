@@ -71,11 +71,12 @@ def test_per_policy_curves_and_kl_panels_with_each_policys_target(sweep, report)
     env = "pettingzoo:mpe2.simple_adversary_v3"
     captions = [c for c, _ in rep.figures]
     for p in POLICIES:
-        assert f"{env} / policy {p}: learning curves" in captions
+        assert any(c.startswith(f"{env} / policy {p}: learning curves") for c in captions)
         for cond in (BASE, TIGHT):
             assert any(c.startswith(f"{env} / {cond} / policy {p}: KL vs target and beta, "
                                     "seeds 0.") for c in captions), (p, cond, captions)
-    assert len(captions) == 6  # clip_kl: no partition panel
+    # clip_kl: no partition panel; per policy, the two conditions' aggregates
+    assert len(captions) == 8 and sum("IQM" in c for c in captions) == 2
     names = {png.name for _, png in rep.figures}
     assert "pettingzoo-mpe2.simple_adversary_v3__adversary__curves.png" in names
     for _, png in rep.figures:
@@ -147,8 +148,9 @@ def test_equivalence_is_per_policy_and_mixed_tables_mark_single_agent_rows(tmp_p
     md = (rep.out_dir / "final_returns.md").read_text()
     assert "| Env-v0 | clip | — | 1 |" in md and "| pettingzoo:fake_v0 | clip | a | 1 |" in md
     captions = [c for c, _ in rep.figures]
-    assert "pettingzoo:fake_v0 / clip / policy b: partition (kill, pass, in) and beta_t" in \
-        captions and "Env-v0: learning curves" in captions
+    assert any(c.startswith("pettingzoo:fake_v0 / clip / policy b: partition (kill, pass, in) "
+                            "and |beta_t|") for c in captions)
+    assert any(c.startswith("Env-v0: learning curves") for c in captions)
 
 
 def test_a_policy_override_changes_that_policys_config_only(tmp_path):
@@ -170,20 +172,23 @@ def test_a_policy_override_changes_that_policys_config_only(tmp_path):
 
 
 def test_a_single_agent_report_is_unchanged(tmp_path):
-    """No policy column, the same file names, captions and table layout as before #11."""
+    """No policy column, the same file names and table layout as before #11 (the captions
+    state the smoothing since #24, which added the aggregates figure)."""
     fake_run(tmp_path, "a", "Env-v0", "clip", 0, [1.0, None, 3.0, 4.0])
     fake_run(tmp_path, "b", "Env-v0", "per_sample_kl", 0, [1.0, None, 3.0, 4.0])
     fake_run(tmp_path, "k", "Env-v0", "kl_penalty", 0, [1.0, 2.0, 3.0, 5.0],
              extra={"kl_observed": 0.03, "kl_target": 0.02}, kl={"controller": "step"})
     rep = make_report([tmp_path], tmp_path / "rep")
     assert all(s.policy is None for s in rep.summaries)
-    assert [c for c, _ in rep.figures] == [
-        "Env-v0: learning curves", "Env-v0 / kl_penalty[step]: KL vs target and beta, seeds 0.",
-        "Env-v0 / clip: partition (kill, pass, in) and beta_t",
-        "Env-v0 / per_sample_kl: partition (kill, pass, in) and beta_t"]
+    starts = ["Env-v0: learning curves", "Env-v0 / kl_penalty[step]: KL vs target and beta, "
+              "seeds 0.", "Env-v0 / clip: partition (kill, pass, in) and |beta_t|",
+              "Env-v0 / per_sample_kl: partition (kill, pass, in) and |beta_t|", "Env-v0: IQM"]
+    captions = [c for c, _ in rep.figures]
+    assert len(captions) == len(starts)
+    assert all(c.startswith(s) for c, s in zip(captions, starts)), captions
     assert [png.name for _, png in rep.figures] == [
         "Env-v0__curves.png", "Env-v0__kl_penalty[step]__kl.png", "Env-v0__clip__partition.png",
-        "Env-v0__per_sample_kl__partition.png"]
+        "Env-v0__per_sample_kl__partition.png", "Env-v0__aggregates.png"]
     out = tmp_path / "rep"
     assert (out / "final_returns.md").read_text() == (
         "| env | condition | seeds | final return (mean ± std) | IQM [95% CI] |\n"

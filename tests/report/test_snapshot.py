@@ -42,10 +42,12 @@ def test_snapshot_names_the_machine_and_the_command(tmp_path):
     html = (tmp_path / "snap" / "report.html").read_text()
     assert "Measured on" in html and "AMD EPYC CPU" in html
     assert sorted(p.name for p in (tmp_path / "snap").iterdir()) == [
-        "equivalence.md", "final_returns.md", "partition.md", "report.html"]
+        "aggregates.md", "equivalence.md", "final_returns.md", "partition.md", "report.html"]
+    agg = (tmp_path / "snap" / "aggregates.md").read_text()
+    assert f"Measured on: {MACHINE}." in agg and "| P(row > column) | clip | per_sample_kl |" in agg
     part = (tmp_path / "snap" / "partition.md").read_text()
     assert f"Measured on: {MACHINE}." in part
-    assert "| Env-v0 | clip | 2 | 0.100 (100) | 0 ± 0 | 0.5 ± 0 | 1 ± 0 |" in part
+    assert "| Env-v0 | clip | 2 | 0.100 (100) | - | 0 ± 0 | 0.5 ± 0 | 1 ± 0 |" in part
     assert rep.machines == [MACHINE]
 
 
