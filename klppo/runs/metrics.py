@@ -23,7 +23,7 @@ NAMESPACES: dict[str, str] = {
     "explained_variance": "losses", "entropy": "policy", "kl": "kl", "beta": "kl",
     "ratio_": "policy", "clip_fraction": "policy", "frac_": "policy", "sps": "perf",
     "time_": "perf", "early_stop": "policy", "approx": "kl", "clip_eps": "kl",
-    "actuator_": "kl", "update_fraction": "policy",
+    "actuator_": "kl", "update_fraction": "policy", "bapo_": "policy",
 }
 
 

@@ -40,6 +40,8 @@ def describe(ann: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join(describe(a) for a in args)
     if origin is tuple:
+        if len(args) > 1 and args[-1] is not Ellipsis:
+            return f"a list of {len(args)}: " + ", ".join(describe(a) for a in args)
         return f"a list of: {describe(args[0])}" if args else "a list"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     return names.get(ann, getattr(ann, "__name__", str(ann)))
@@ -67,8 +69,13 @@ def _convert(value: Any, ann: Any) -> Any:
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             return _NO
-        elem = args[0] if args else Any
-        items = [_convert(v, elem) for v in value]
+        if len(args) > 1 and args[-1] is not Ellipsis:  # a fixed length: tuple[float, float]
+            if len(value) != len(args):
+                return _NO
+            items = [_convert(v, t) for v, t in zip(value, args)]
+        else:
+            elem = args[0] if args else Any
+            items = [_convert(v, elem) for v in value]
         return _NO if any(i is _NO for i in items) else tuple(items)
     if ann is bool:
         return value if isinstance(value, bool) else _NO
