@@ -114,8 +114,40 @@ class BalanceStats:
 
     def share(self, c_low: float, c_high: float) -> float:
         """``rho = P / (P + N)`` at the bounds, in ``[0, 1]``; 1 when ``N = 0``."""
-        p, n = self.contributions(c_low, c_high)
-        return 1.0 if n == 0 else p / (p + n)
+        return _share(*self.contributions(c_low, c_high))
+
+    def profile(self, lows: Any, highs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(N at each c_low of lows, P at each c_high of highs)`` in one pass each: the
+        samples sorted by ratio, ``P(c) = sum_{w<c} A w + c sum_{w>=c} A`` and
+        ``N(c) = c sum_{w<c} |A| + sum_{w>=c} |A| w`` from prefix and suffix sums (the same
+        values as :meth:`contributions` up to rounding, in O(log n) per bound)."""
+        highs, lows = np.asarray(highs, np.float64), np.asarray(lows, np.float64)
+        w, a = _by_ratio(self.pos_ratio, self.pos_adv)
+        k = np.searchsorted(w, highs, side="left")
+        p = _prefix(a * w)[k] + highs * _suffix(a)[k]
+        w, a = _by_ratio(self.neg_ratio, self.neg_adv)
+        k = np.searchsorted(w, lows, side="left")
+        n = lows * _prefix(a)[k] + _suffix(a * w)[k]
+        return n, p
+
+
+def _by_ratio(w: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(w, kind="stable")
+    return w[order], a[order]
+
+
+def _prefix(x: np.ndarray) -> np.ndarray:
+    """``[0, x0, x0 + x1, ..., sum x]`` (length n + 1)."""
+    return np.concatenate(([0.0], np.cumsum(x)))
+
+
+def _suffix(x: np.ndarray) -> np.ndarray:
+    """``[sum x, sum x[1:], ..., x[-1], 0]`` (length n + 1), summed from the end."""
+    return np.concatenate((np.cumsum(x[::-1])[::-1], [0.0]))
+
+
+def _share(p: float, n: float) -> float:
+    return 1.0 if n == 0 else p / (p + n)
 
 
 def positive_share(ratio: Any, advantage: Any, c_low: float, c_high: float) -> float:
@@ -219,15 +251,16 @@ class BAPOController:
 
     def update(self, stats: BalanceStats) -> tuple[float, float]:
         """Run Algorithm 1 on one batch's statistics; return the chosen ``(c_low, c_high)``."""
+        n, p = (v.tolist() for v in stats.profile(self._lows, self._highs))
         i = j = moves = 0
-        share = start = stats.share(self._lows[0], self._highs[0])
+        share = start = _share(p[0], n[0])
         while share < self.target and j + 1 < len(self._lows):
             if i + 1 < len(self._highs):
                 i += 1
             else:
                 j += 1
             moves += 1
-            share = stats.share(self._lows[j], self._highs[i])
+            share = _share(p[i], n[j])
         self.info = BapoInfo(start, share, self._lows[j], self._highs[i], moves,
                              share >= self.target)
         self.num_updates += 1

@@ -202,3 +202,19 @@ def test_bad_statistics_are_one_line(w, a, message):
     with pytest.raises(ValueError) as e:
         BalanceStats.from_samples(np.array(w), np.array(a))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_sorted_profile_equals_the_direct_sums_on_and_off_the_grid():
+    """The controller reads P and N from prefix sums over sorted ratios; they equal the direct
+    sums of Eq. 8's closed forms, ratios exactly on grid points (1.2, 0.9, 1.0) included."""
+    c = BAPOController()
+    for w, a in batches(11, 30):
+        w = w.astype(np.float64)  # 1.2 and 0.9 exactly, as the grid has them
+        w[: len(w) // 3] = 1.2
+        w[len(w) // 3: len(w) // 2] = 0.9
+        s = BalanceStats.from_samples(w, a)
+        n, p = s.profile(c._lows, c._highs)
+        for j, lo in enumerate(c._lows):
+            assert n[j] == pytest.approx(s.contributions(lo, 2.0)[1], rel=1e-12, abs=1e-12)
+        for i, hi in enumerate(c._highs):
+            assert p[i] == pytest.approx(s.contributions(0.7, hi)[0], rel=1e-12, abs=1e-12)
