@@ -135,6 +135,19 @@ class PPOLoss:
         check_positive("eps", eps)
         self.policy.band = dataclasses.replace(b, eps=float(eps))
 
+    def set_edges(self, eps_low: float, eps_high: float) -> None:
+        """Move both band radii (what a clip-bound controller such as BAPO drives, between
+        minibatch steps): the band becomes ``[1 - eps_low, 1 + eps_high]``. ValueError for an
+        objective without a band, a per-sample band or a radius that is not > 0."""
+        b = self.policy.band
+        if not self.policy.clipped or not b.is_scalar:
+            raise ValueError(f"objective {self.objective!r} has no scalar clip band to set "
+                             f"edges on")
+        check_positive("eps_low", eps_low)
+        check_positive("eps_high", eps_high)
+        self.policy.band = dataclasses.replace(b, eps_low=float(eps_low),
+                                               eps_high=float(eps_high))
+
     @property
     def needs_analytic_kl(self) -> bool:
         """True when the caller must pass the analytic per-state ``kl`` to :meth:`__call__`."""

@@ -81,6 +81,14 @@ class StepBackend:
             params = self.agent.policy_params(b.obs[idx])
             return float(self.agent.head.kl(b.params[idx], params).mean())
 
+    def ratio(self, idx: torch.Tensor) -> torch.Tensor:
+        """Per-sample ratio ``w = pi_current(a|s) / pi_old(a|s)`` on the minibatch rows ``idx``,
+        before stepping on them (``[n]``, on the CPU): what a clip-bound controller (BAPO) reads."""
+        b, idx = self.batch, idx.to(self.device)
+        with torch.no_grad():
+            params = self.agent.policy_params(b.obs[idx])
+            return torch.exp(self.agent.head.log_prob(params, b.actions[idx]) - b.logp[idx]).cpu()
+
     def set_lr(self, lr: float) -> None:
         self.optimizer.set_lr(lr)
 

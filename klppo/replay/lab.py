@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from klppo.core.bound_controllers import BalanceStats, BAPOController
 from klppo.core.controllers import KLController, make_controller
 from klppo.replay.metrics import FLOOR, response_metrics, tracking_metrics
 from klppo.runs.configfile import InputFileError, read_text
@@ -38,7 +39,7 @@ from klppo.runs.metrics import policies_of
 
 __all__ = ["Plant", "load_trace", "parse_controller", "default_controllers", "open_loop",
            "closed_loop", "tracking_metrics", "response_metrics", "LoopResult", "trace_x_label",
-           "FLOOR", "check_finite", "preset_keeps_target"]
+           "FLOOR", "check_finite", "preset_keeps_target", "replay_bounds"]
 
 
 def load_trace(path: str | Path, column: str | None = None,
@@ -220,6 +221,23 @@ def open_loop(kl: Sequence[float], controllers: dict[str, KLController]) -> dict
         for d in kl:
             betas.append(_update(label, c, d, len(betas)))
         out[label] = check_finite(label, betas)
+    return out
+
+
+def replay_bounds(batches: Sequence[BalanceStats | tuple[Any, Any]],
+                  controller: BAPOController) -> list[tuple[float, float]]:
+    """The ``(c_low, c_high)`` a clip-bound controller (BAPO, :mod:`klppo.core.bound_controllers`)
+    chooses for each batch, fed in order: each a :class:`~klppo.core.bound_controllers.BalanceStats`
+    or a ``(ratio, advantage)`` pair of per-sample arrays (what a run's minibatch step read).
+    The rule reads per-sample statistics, which a run's ``metrics.jsonl`` does not hold, so
+    ``klppo replay`` does not offer it. ValueError names the batch that is refused."""
+    out = []
+    for t, b in enumerate(batches):
+        try:
+            stats = b if isinstance(b, BalanceStats) else BalanceStats.from_samples(*b)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"batch {t + 1}: {e}") from None
+        out.append(controller.update(stats))
     return out
 
 

@@ -20,6 +20,7 @@ from klppo.core.surrogates import SHAPES, SOFT_SHAPES, Shape
 from klppo.core.values import ValueLossKind
 from klppo.rl import bounds
 from klppo.rl.actuate import check_actuator
+from klppo.rl.band_control import check_band_controller
 from klppo.runs.configfile import overlay
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import Range, above, at_least, below, check_ranges, within
@@ -29,6 +30,7 @@ Cadence = Literal["minibatch", "epoch", "iteration"]
 KLMeasure = Literal["last_minibatch", "epoch_mean", "rollout"]
 EarlyStop = Literal["none", "minibatch", "epoch"]
 Actuator = Literal["beta", "lr", "clip"]
+BandController = Literal["none", "bapo"]
 
 
 def _fraction() -> dict[str, Range]:
@@ -121,6 +123,19 @@ class PPOConfig:
     early_stop: EarlyStop = "none"
     """minibatch: before every step, stop the update (both loops) when k3 > 1.5 target_kl
     (SB3); epoch: stop after an epoch whose last step had k3 > target_kl (CleanRL)"""
+    band_controller: BandController = "none"
+    """what moves both clip-band edges before every minibatch step: none, or bapo (BAPO's
+    adaptive clipping, arXiv:2510.18927; clip objectives; docs/algorithms.md)"""
+    bapo_target: float = 0.4
+    """bapo: the positive-advantage share rho_0 of the clip surrogate to reach"""
+    bapo_low: tuple[float, float] = (0.6, 0.9)
+    """bapo: (start, max) of the lower ratio bound c_low = 1 - eps_low"""
+    bapo_high: tuple[float, float] = (1.2, 3.0)
+    """bapo: (start, max) of the upper ratio bound c_high = 1 + eps_high"""
+    bapo_step_high: float = 0.05
+    """bapo: step of c_high (raised first, up to its max)"""
+    bapo_step_low: float = 0.02
+    """bapo: step of c_low (raised once c_high is at its max)"""
 
 
 @dataclass
@@ -371,6 +386,7 @@ def _validate_kl(cfg: TrainConfig) -> None:
         raise _bad("kl.monitor_high/low/patience", (k.monitor_high, k.monitor_low,
                    k.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
     check_actuator(cfg)  # before the controller's timing: it names what an actuator ignores
+    check_band_controller(cfg)
     if k.measure == "rollout" and k.cadence != "iteration":
         raise _bad("kl.measure", k.measure, "the rollout KL exists once per iteration: "
                    "use kl.cadence iteration")

@@ -85,6 +85,8 @@ class PolicyUnit:
             "kl_monitor": self.kl_monitor.state_dict(),
             "actuator": None if self.learner.actuation is None else
             self.learner.actuation.state_dict(),
+            "band_controller": None if self.learner.band is None else
+            self.learner.band.state_dict(),
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
@@ -100,6 +102,8 @@ class PolicyUnit:
             self.kl_monitor.load_state_dict(s["kl_monitor"])
         if self.learner.actuation is not None:  # after the optimiser: its lr is the rule's
             self.learner.actuation.load_state_dict(s["actuator"])
+        if self.learner.band is not None:
+            self.learner.band.load_state_dict(s["band_controller"])
 
     def start_iteration(self, it: int) -> float:
         """Set iteration ``it``'s learning rate and return it: the schedule's
@@ -133,8 +137,8 @@ class PolicyUnit:
             "value_target_rms": float(batch.returns.square().mean().sqrt()),
             "controller_updates": len(ctrl_updates),
         }
-        if self.learner.loss.policy.clipped:
-            m["clip_eps"] = self.learner.loss.band.eps
+        if self.learner.loss.policy.clipped and self.learner.band is None:
+            m["clip_eps"] = self.learner.loss.band.eps  # (BAPO logs its bounds instead)
         if ctrl_updates:
             last = ctrl_updates[-1]
             m.update(kl_target=last["target"], kl_observed=last["observed"],

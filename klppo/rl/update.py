@@ -1,7 +1,8 @@
 """The PPO update phase: ONE loop of epochs and minibatch steps over a step backend.
 
 ``Learner.update`` reads top to bottom: for each epoch a fresh permutation, for each minibatch
-an optional early-stop check, the lr / clip actuator's before-step update, one backend step
+an optional early-stop check, the lr / clip actuator's and the clip-bound controller's (BAPO's)
+before-step updates, one backend step
 (:mod:`klppo.rl.backends`: torch autograd or the numpy fast path, same contract), then the
 :class:`Schedule`, which owns the controller cadence (minibatch / epoch / iteration), the
 actuator's after-step update and both early stops. The steps keep their detached per-sample
@@ -28,6 +29,7 @@ from klppo.core.loss import PPOLoss
 from klppo.core.objectives import Knobs
 from klppo.nn.step import StepResult
 from klppo.rl.actuate import Actuation
+from klppo.rl.band_control import BandControl
 from klppo.rl.config import TrainConfig
 
 __all__ = ["Batch", "UpdateResult", "Schedule", "Learner", "make_loss"]
@@ -86,9 +88,9 @@ class Schedule:
     controller's records."""
 
     def __init__(self, cfg: TrainConfig, controller: KLController, uses_beta: bool,
-                 actuation: Actuation | None = None) -> None:
+                 actuation: Actuation | None = None, band: BandControl | None = None) -> None:
         self.cfg, self.controller, self.uses_beta = cfg, controller, uses_beta
-        self.actuation = actuation
+        self.actuation, self.band = actuation, band
         self.updates: list[dict] = []
         self.epoch_kls: list[Any] = []
         self.last_kl: Any = None
@@ -114,9 +116,12 @@ class Schedule:
         return self.early_stopped
 
     def before_step(self, idx: torch.Tensor) -> None:
-        """The actuator's before-step update (rsl_rl's timing), if it has one."""
+        """The actuator's before-step update (rsl_rl's timing), if it has one, and the
+        clip-bound controller's choice of this step's band."""
         if self.actuation is not None:
             self.actuation.before_step(idx)
+        if self.band is not None:
+            self.band.before_step(idx)
 
     def after_step(self, r: StepResult, n: int) -> None:
         if self.actuation is not None:
@@ -165,7 +170,8 @@ class Learner:
         self.controller, self.gen = controller, generator
         self.uses_beta = loss.policy.uses_beta
         self.actuation = Actuation.from_config(cfg, backend, loss)
-        self.schedule = Schedule(cfg, controller, self.uses_beta, self.actuation)
+        self.band = BandControl.from_config(cfg, backend, loss)
+        self.schedule = Schedule(cfg, controller, self.uses_beta, self.actuation, self.band)
 
     def set_lr(self, lr: float) -> None:
         self.backend.set_lr(lr)
@@ -174,8 +180,10 @@ class Learner:
         p, B = self.cfg.ppo, len(batch)
         adv = normalize_advantage(batch.advantages) if p.norm_adv == "rollout" else batch.advantages
         self.schedule = sched = Schedule(self.cfg, self.controller, self.uses_beta,
-                                         self.actuation)
+                                         self.actuation, self.band)
         self.backend.begin(batch, adv)
+        if self.band is not None:
+            self.band.begin(adv)
         steps: list[StepResult] = []
         epochs = 0  # passes that took at least one step (one cut short by the stop counts)
         with validation(False):  # inputs come from a checked rollout; the result is checked below
@@ -200,6 +208,8 @@ class Learner:
                        minibatch_steps=float(len(steps)), update_fraction=len(steps) / planned)
         if self.actuation is not None:
             metrics.update(self.actuation.metrics())
+        if self.band is not None:
+            metrics.update(self.band.metrics())
         return UpdateResult(metrics, sched.updates)
 
     def end_iteration(self, batch: Batch) -> tuple[float, list[dict]]:
@@ -222,7 +232,9 @@ class Learner:
         s = {k: _concat([r.samples[k] for r in steps]) for k in steps[0].samples}
         policy = self.loss.policy
         if self.actuation is not None and self.actuation.knob == "clip":
-            policy = _per_sample_eps(policy, steps, self.actuation.used)
+            policy = _per_sample_band(policy, steps, eps=self.actuation.used)
+        if self.band is not None:
+            policy = _per_sample_band(policy, steps, edges=self.band.used)
         band = policy.band
         d = policy_diagnostics(cat["logp"], batch.logp[cat["idx"]], s["advantage"], band.eps,
                                band.eps_low, band.eps_high, s.get("beta_t"), s["ratio"])
@@ -236,13 +248,21 @@ class Learner:
         return {k: float(v) for k, v in d.items()}
 
 
-def _per_sample_eps(policy: Any, steps: list[StepResult], used: list[float]) -> Any:
-    """A copy of ``policy`` whose band holds, per sample, the eps its step used (the clip
-    actuator moves eps between steps), for the diagnostics."""
-    eps = torch.cat([torch.full((len(r.idx),), e, dtype=torch.float32)
-                     for r, e in zip(steps, used)])
+def _per_sample_band(policy: Any, steps: list[StepResult], eps: list[float] | None = None,
+                     edges: list[tuple[float, float]] | None = None) -> Any:
+    """A copy of ``policy`` whose band holds, per sample, the eps (clip actuator) or the
+    ``(eps_low, eps_high)`` (clip-bound controller) its step used, for the diagnostics."""
+    def per_sample(values: list[float]) -> torch.Tensor:
+        return torch.cat([torch.full((len(r.idx),), v, dtype=torch.float32)
+                          for r, v in zip(steps, values)])
+
     out = copy.copy(policy)
-    out.band = dataclasses.replace(policy.band, eps=eps)
+    if eps is not None:
+        out.band = dataclasses.replace(policy.band, eps=per_sample(eps))
+    else:
+        assert edges is not None
+        out.band = dataclasses.replace(policy.band, eps_low=per_sample([e[0] for e in edges]),
+                                       eps_high=per_sample([e[1] for e in edges]))
     return out
 
 

@@ -40,6 +40,8 @@ def describe(ann: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join(describe(a) for a in args)
     if origin is tuple:
+        if len(args) > 1 and args[-1] is not Ellipsis:
+            return f"a list of {len(args)}: " + ", ".join(describe(a) for a in args)
         return f"a list of: {describe(args[0])}" if args else "a list"
     if origin is dict:
         return "a mapping of names to values" if args and args[0] is str else "a mapping"
@@ -69,8 +71,13 @@ def _convert(value: Any, ann: Any) -> Any:
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             return _NO
-        elem = args[0] if args else Any
-        items = [_convert(v, elem) for v in value]
+        if len(args) > 1 and args[-1] is not Ellipsis:  # a fixed length: tuple[float, float]
+            if len(value) != len(args):
+                return _NO
+            items = [_convert(v, t) for v, t in zip(value, args)]
+        else:
+            elem = args[0] if args else Any
+            items = [_convert(v, elem) for v in value]
         return _NO if any(i is _NO for i in items) else tuple(items)
     if origin is dict:
         if not isinstance(value, dict):

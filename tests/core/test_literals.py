@@ -48,3 +48,10 @@ def test_the_actuator_choices_equal_their_registries():
     hints = typing.get_type_hints(KLConfig)
     assert _names(RuleName) == _names(hints["actuator_rule"]) == set(ACTUATOR_RULES)
     assert _names(hints["actuator"]) == set(ACTUATORS)
+
+
+def test_the_band_controller_choices_equal_their_registry():
+    from klppo.rl.band_control import BAND_CONTROLLERS
+    from klppo.rl.config import PPOConfig
+
+    assert _names(typing.get_type_hints(PPOConfig)["band_controller"]) == set(BAND_CONTROLLERS)

@@ -26,6 +26,8 @@ CASES = {
     # the adaptive lr goes on from its checkpointed value (rsl_rl #221 restarts it)
     "cartpole_adaptive_lr": ("klip/cartpole", ["--total-steps", "3072", "--kl.actuator", "lr",
                                                "--ppo.no-anneal-lr"]),
+    # BAPO's clip bounds: chosen per minibatch from the resumed parameters, record checkpointed
+    "cartpole_bapo": ("klip/cartpole", ["--total-steps", "3072", "--ppo.band-controller", "bapo"]),
     "lunarlander": ("klip/lunarlander", ["--total-steps", "8192", "--rollout.num-steps", "128"]),
     "hopper": ("klip/hopper", ["--total-steps", "2560", "--rollout.num-steps", "512"]),
     "ant_v5": ("klip/ant-v5", ["--total-steps", "1280", "--rollout.num-steps", "256"]),
