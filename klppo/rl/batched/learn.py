@@ -98,9 +98,11 @@ class Rollouts:
                 a[u.row] = x
 
     def minibatch(self, rows: np.ndarray, idx: np.ndarray) -> Minibatch:
-        """Rows ``idx [A, n]`` of the runs ``rows`` (copies)."""
-        r = rows[:, None]
-        g = {name: a[r, idx] for name, a in self.arrays.items()}
+        """Rows ``idx [A, n]`` of the runs ``rows`` (copies, gathered with one flat index)."""
+        B = self.arrays["obs"].shape[1]
+        flat = (rows[:, None] * B + idx).ravel()
+        g = {name: a.reshape(-1, *a.shape[2:]).take(flat, 0).reshape(*idx.shape, *a.shape[2:])
+             for name, a in self.arrays.items()}
         return Minibatch(idx, g["obs"], g["actions"], g["params"], g["logp"], g["adv"],
                          g["returns"], g["values"])
 
