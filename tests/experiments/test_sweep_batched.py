@@ -122,3 +122,14 @@ def test_flags_are_checked_before_anything_starts(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "device='cuda'" in err[-1]
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_ray_backend_runs_a_batched_group_as_one_task(tmp_path):
+    pytest.importorskip("ray")
+    spec = SweepSpec(preset="klip/cartpole", base=dict(BASE), seeds=[0, 1],
+                     conditions={"clip": {"objective": "clip"}})
+    res = run_sweep(spec, tmp_path / "sw", backend="ray", engine="batched")
+    assert [e.state for e in res.entries] == ["finished"] * 2
+    for e in res.entries:
+        assert engine_of(tmp_path / "sw" / "runs" / e.name) == {"name": "batched", "runs": 2}
