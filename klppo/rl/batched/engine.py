@@ -98,19 +98,27 @@ class BatchedGroup:
     def _learn(self, trs: dict[int, Any], its: dict[int, int]) -> dict[int, Any]:
         """Advantages, the update, the rollout KL and controller, and each run's policy
         metrics (:meth:`PolicyUnit.report`)."""
-        if not trs:
-            return {}
-        updates = [RunUpdate.start(r, tr.learner, tr.unit.advantages(tr.collector.buf))
-                   for r, tr in trs.items()]
+        out: dict[int, Any] = {}
+        updates = []
+        for r, tr in trs.items():
+            try:
+                updates.append(RunUpdate.start(r, tr.learner, tr.unit.advantages(tr.collector.buf)))
+            except Exception as e:  # noqa: BLE001 - this run's rollout: it alone stops
+                out[r] = e
+        if not updates:
+            return out
         results = update_all(self.stack, updates, self.rollouts, self.ws)
         kls = policy_kls(self.stack, updates, self.rollouts, self.ws)
-        out: dict[int, Any] = {}
         for u, res, kl in zip(updates, results, kls):
             if isinstance(res, BaseException):
                 out[u.row] = res
                 continue
-            u.sched.after_iteration(kl, len(u.batch))                 # Learner.end_iteration
-            out[u.row] = trs[u.row].unit.report(u.batch, res, kl, u.sched.updates, its[u.row])
+            try:
+                u.sched.after_iteration(kl, len(u.batch))                 # Learner.end_iteration
+                out[u.row] = trs[u.row].unit.report(u.batch, res, kl, u.sched.updates,
+                                                    its[u.row])
+            except Exception as e:  # noqa: BLE001 - this run's controller or metrics
+                out[u.row] = e
         return out
 
 
