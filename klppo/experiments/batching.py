@@ -4,8 +4,9 @@ Runs the batched engine serves (:func:`klppo.rl.batched.refusal`) and that have 
 (:func:`klppo.rl.batched.group_key`: env, rollout and minibatch sizes, epochs, network) form a
 group, split into groups of at most ``group_size``; each group is one worker process
 (:func:`klppo.rl.batched.train_group`). A condition the engine cannot serve trains in the ordinary
-engine, one process per run, and the sweep says so in one line. A run that asks for a GPU is
-refused before anything starts: the batched engine has no GPU path.
+engine, one process per run, and the sweep says so in one line. A run it would serve that asks
+for a GPU is refused before anything starts: the batched engine has no GPU path (a
+``--no-fast-path`` run on cuda trains in the ordinary engine).
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ def plan_groups(plans: list[RunPlan], engine: str, group_size: int | None = None
     keyed: dict[tuple, list[str]] = {}
     refused: dict[str, str] = {}
     for plan in plans:
+        why = refusal(plan.config)
+        if why is not None:  # e.g. --no-fast-path on cuda: the ordinary engine's to train
+            refused.setdefault(plan.condition, why)
+            continue
         why = device_refusal(plan.config)
         if why is not None:
             raise C.ConfigError(f"condition {plan.condition}: {why}")
-        why = refusal(plan.config)
-        if why is not None:
-            refused.setdefault(plan.condition, why)
-            continue
         keyed.setdefault(group_key(plan.config), []).append(plan.name)
     size = group_size or max(len(g) for g in keyed.values()) if keyed else 1
     groups = [names[i:i + size] for names in keyed.values() for i in range(0, len(names), size)]

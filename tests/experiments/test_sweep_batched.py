@@ -55,6 +55,8 @@ def test_plan_groups_splits_by_shape_and_size_and_names_what_it_cannot_serve():
     cuda = dataclasses.replace(MIXED, base={**BASE, "device": "cuda"})
     with pytest.raises(C.ConfigError, match="device='cuda'"):
         plan_groups(expand(cuda), "batched")
+    torch_on_cuda = dataclasses.replace(cuda, conditions={"t": {"fast_path": False}})
+    assert plan_groups(expand(torch_on_cuda), "batched")[0] == []  # the ordinary engine's
     with pytest.raises(C.ConfigError, match="engine='threads'"):
         plan_groups(plans, "threads")
     with pytest.raises(C.ConfigError, match="group_size=0"):
