@@ -1,7 +1,7 @@
 """The batched engine against the ordinary one: R runs in one process vs R processes in a row.
 
 Usage: python benchmarks/bench_batched.py [--preset klip/hopper] [--runs 20] [--steps 8192]
-                                          [--cpu 0] [--repeats 1]
+                                          [--cpu 0] [--repeats 1] [--env-backend gymnasium]
 
 Both engines train the same R runs (the preset, seeds 0..R-1, objective clip) on ONE core (every
 process pinned to ``--cpu`` with sched_setaffinity, one BLAS and one torch thread): the
@@ -13,7 +13,9 @@ the ordinary runs; the longest of the batched runs, which iterate together). The
 the summed env-steps per second of both and their ratio, checks that both engines wrote the same
 metrics for every run (timing fields aside), and measures the bare env step of the backend (the
 Gymnasium env alone, and klppo's vector env around it, with random actions) to give each engine's
-overhead per run-step in microseconds above it. Needs the env's extra (mujoco for klip/hopper).
+overhead per run-step in microseconds above it. ``--env-backend envpool`` runs both engines on
+EnvPool's task (``pip install 'klppo[envpool]'``) and takes EnvPool's own step as the bare one.
+Needs the env's extra (mujoco for klip/hopper).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ logging.disable(logging.WARNING)
 def cfg(seed):
     c = rl.preset({preset!r})
     return dataclasses.replace(c, seed=seed, objective="clip", total_steps={steps},
-                               tensorboard=False, out=os.path.join({root!r}, f"run{{seed}}"))
+                               tensorboard=False, out=os.path.join({root!r}, f"run{{seed}}"),
+                               rollout=dataclasses.replace(c.rollout, env_backend={backend!r}))
 """
 
 ORDINARY = CONFIGS + """
@@ -54,19 +57,24 @@ BARE = PIN + """
 import time, numpy as np, gymnasium as gym
 from klppo.rl.envs import make_vector_env
 from klppo.rl.presets import preset
-env_id, n = preset({preset!r}).env, 20_000
-rng = np.random.default_rng(0)
+env_id, n, backend = preset({preset!r}).env, 20_000, {backend!r}
 e = gym.make(env_id)
 e.reset(seed=0)
+e.action_space.seed(0)
 acts = [e.action_space.sample() for _ in range(256)]
+if backend == "envpool":
+    import envpool
+    e = envpool.make(env_id, env_type="gymnasium", num_envs=1, seed=0)
+    e.reset()
+    acts = [np.asarray(a, dtype=e.action_space.dtype)[None] for a in acts]
 t = time.perf_counter()
 for i in range(n):
     _, _, term, trunc, _ = e.step(acts[i % 256])
-    if term or trunc:
+    if backend == "gymnasium" and (term or trunc):
         e.reset()
 gym_us = (time.perf_counter() - t) / n * 1e6
-v = make_vector_env(env_id, 1, 0)
-vacts = [np.asarray(a)[None] for a in acts]
+v = make_vector_env(env_id, 1, 0, backend=backend)
+vacts = [np.asarray(a).reshape(1, -1) for a in acts]
 t = time.perf_counter()
 for i in range(n):
     v.step(vacts[i % 256])
@@ -87,7 +95,8 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, tuple[float, float, int
     out = {}
     with tempfile.TemporaryDirectory() as d:
         roots = {e: os.path.join(d, e) for e in ("ordinary", "batched")}
-        common = dict(cpu=args.cpu, preset=args.preset, steps=args.steps)
+        common = dict(cpu=args.cpu, preset=args.preset, steps=args.steps,
+                      backend=args.env_backend)
         wall = loop = steps = 0.0
         for seed in range(args.runs):
             w, (s, el) = run(ORDINARY.format(root=roots["ordinary"], seed=seed, **common))
@@ -107,12 +116,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8192, help="env steps per run")
     ap.add_argument("--cpu", type=int, default=0, help="the one core every process runs on")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--env-backend", choices=["gymnasium", "envpool"], default="gymnasium")
     args = ap.parse_args()
-    print(f"{args.preset}: {args.runs} runs x {args.steps} steps (clip, seeds 0..{args.runs - 1})"
-          f", every process on cpu {args.cpu}, one thread")
+    print(f"{args.preset} on {args.env_backend}: {args.runs} runs x {args.steps} steps (clip, "
+          f"seeds 0..{args.runs - 1}), every process on cpu {args.cpu}, one thread")
     print(f"{'engine':<9} {'wall s':>8} {'loop s':>8} {'steps/s wall':>13} {'steps/s loop':>13} "
           f"{'us/run-step loop':>17}")
-    _, (gym_us, vec_us) = run(BARE.format(cpu=args.cpu, preset=args.preset))
+    _, (gym_us, vec_us) = run(BARE.format(cpu=args.cpu, preset=args.preset,
+                                          backend=args.env_backend))
     for _ in range(args.repeats):
         res, same = measure(args)
         rate = {}
@@ -126,8 +137,8 @@ def main() -> None:
               f"{rate['batched'][1] / rate['ordinary'][1]:.2f}x training loop; "
               f"same metrics per run: {'yes' if same else 'NO'}")
         gym_f, vec_f = float(gym_us), float(vec_us)
-        print(f"bare env step: {gym_f:.1f} us (Gymnasium alone), {vec_f:.1f} us (klppo's vector "
-              f"env); overhead per run-step above the Gymnasium step: ordinary "
+        print(f"bare env step: {gym_f:.1f} us ({args.env_backend} alone), {vec_f:.1f} us (klppo's "
+              f"vector env); overhead per run-step above the bare step: ordinary "
               f"{rate['ordinary'][2] - gym_f:.1f} us, batched {rate['batched'][2] - gym_f:.1f} us")
 
 

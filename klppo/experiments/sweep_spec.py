@@ -245,16 +245,17 @@ def check_envs(plans: list[RunPlan]) -> None:
     from klppo.rl.envs import check_env
     from klppo.rl.marl.spec import check_multiagent, is_multiagent
 
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for plan in plans:
-        if plan.config.env in seen:
+        key = (plan.config.env, plan.config.rollout.env_backend)
+        if key in seen:
             continue
-        seen.add(plan.config.env)
+        seen.add(key)
         try:
             if is_multiagent(plan.config.env):
                 check_multiagent(plan.config)
             else:
-                check_env(plan.config.env)
+                check_env(*key)
         except ValueError as e:  # EnvError, ConfigError: one line naming the env
             raise C.ConfigError(f"condition {plan.condition}: {e}") from None
 

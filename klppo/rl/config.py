@@ -36,6 +36,9 @@ class RolloutConfig:
     """steps per environment per rollout"""
     vectorization: Literal["auto", "sync", "async"] = "auto"
     """auto: gymnasium.make_vec for CartPole, klppo's sync loop for others; async: a process each"""
+    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
+    """envpool: EnvPool's C++ task of the same id (pip install 'klppo[envpool]'; not restorable:
+    a resumed run starts new episodes)"""
     norm_obs: bool = False
     """running mean/std observation normalisation (statistics are checkpointed)"""
     norm_reward: bool = False
@@ -261,6 +264,10 @@ def _validate_numbers(cfg: TrainConfig) -> None:
     p = cfg.ppo
     if p.early_stop != "none" and p.target_kl is None:
         raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
+    r = cfg.rollout
+    if r.env_backend == "envpool" and (r.vectorization != "auto" or ":" in cfg.env):
+        raise _bad("rollout.env_backend", r.env_backend, "runs EnvPool's own tasks, vectorised "
+                   "by EnvPool: no rollout.vectorization, no MODULE:ID or pettingzoo env")
 
 def _validate_kl(cfg: TrainConfig) -> None:
     k = cfg.kl

@@ -121,11 +121,16 @@ class CartPoleSameStep(gym.vector.VectorWrapper):
         return RestoreReport()
 
 
-def check_env(env_id: str) -> str:
+def check_env(env_id: str, backend: str = "gymnasium") -> str:
     """Resolve ``env_id`` and import its implementation without creating it, so an unknown id
-    (close matches) or a missing extra (the pip command) fails before a run starts."""
+    (close matches) or a missing extra (the pip command) fails before a run starts; with the
+    ``envpool`` backend, EnvPool must be installed and have the task."""
     from gymnasium.envs.registration import load_env_creator
 
+    if backend == "envpool":
+        from klppo.rl.envpool_backend import check_envpool
+
+        return check_envpool(env_id)
     env_id = _resolve_id(env_id)
     entry = gym.spec(env_id).entry_point
     if isinstance(entry, str):
@@ -173,7 +178,8 @@ def _check_env_spaces(env_id: str) -> None:
 
 
 def make_vector_env(
-    env_id: str, num_envs: int, seed: int, vectorization: str = "auto"
+    env_id: str, num_envs: int, seed: int, vectorization: str = "auto",
+    backend: str = "gymnasium",
 ) -> Any:
     """A seeded vector env with SAME_STEP autoreset whose state can be checkpointed.
 
@@ -181,9 +187,17 @@ def make_vector_env(
     same-step adapter for it (CartPole), else klppo's own :class:`SameStepVecEnv`; ``sync``
     forces :class:`SameStepVecEnv`; ``async`` uses Gymnasium's AsyncVectorEnv (one process per
     env; its state cannot be checkpointed, so a resumed run starts new episodes and says so).
+    ``backend`` ``envpool``: EnvPool's C++ task of the same id
+    (:class:`~klppo.rl.envpool_backend.EnvPoolSameStep`; not checkpointed either).
     Raises :class:`EnvError` with close matches for an unknown id and the pip command for a
     missing extra.
     """
+    if backend == "envpool":
+        from klppo.rl.envpool_backend import EnvPoolSameStep
+
+        env = EnvPoolSameStep(env_id, num_envs, seed)
+        env.reset(seed=seed)
+        return env
     env_id = _resolve_id(env_id)
     spec = gym.spec(env_id)
     try:

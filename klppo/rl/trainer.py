@@ -89,7 +89,7 @@ class _Trainer(RunTrainer):
         self.run_dir = run_dir
         torch.manual_seed(cfg.seed)
         self.env = make_vector_env(cfg.env, cfg.rollout.num_envs, cfg.seed,
-                                   cfg.rollout.vectorization)
+                                   cfg.rollout.vectorization, cfg.rollout.env_backend)
         obs_dim = int(np.prod(self.env.single_observation_space.shape))
         self.unit = u = PolicyUnit(cfg, obs_dim, self.env.single_action_space,
                                    cfg.rollout.num_envs, cfg.seed + 2, make_step=make_step)
@@ -202,7 +202,7 @@ def train(config: TrainConfig, on_iteration: OnIteration = None) -> TrainResult:
     if is_multiagent(config.env):  # the env, its agents and each policy's config
         check_multiagent(config)
     else:  # an unknown env or a missing extra fails before any directory exists
-        check_env(config.env)
+        check_env(config.env, config.rollout.env_backend)
     resolve_device(config.device)
     if config.track == "wandb":
         M.require_wandb()

@@ -211,7 +211,7 @@ def train_batched(configs: list[TrainConfig], on_iteration: OnIteration = None
     names it) together in this process; every check runs before any directory is made."""
     for c in configs:
         validate(c)
-        check_env(c.env)
+        check_env(c.env, c.rollout.env_backend)
     check_group(configs, [f"run {i} ({c.env}, {c.objective}, seed {c.seed})"
                           for i, c in enumerate(configs)])
     stack = RunStack(len(configs))
