@@ -45,7 +45,16 @@ def add_parser(sub) -> None:
                    help="local: a process pool on this machine (default); ray: one Ray task "
                         "per run, on the cluster at RAY_ADDRESS or a local Ray instance "
                         "(needs pip install 'klppo[ray]')")
-    p.add_argument("--workers", type=int, help="parallel runs (local; default: one per core)")
+    p.add_argument("--workers", type=int, help="parallel runs (local; default: one per core); "
+                   "with --engine batched, parallel processes")
+    p.add_argument("--engine", choices=["process", "batched"], default="process",
+                   help="process: each run in a process of its own (default); batched: the runs "
+                        "of one env and network shape trained together in one process, each in "
+                        "its own run directory, the numbers of the process engine bit for bit "
+                        "(runs it cannot serve train in their own process, said in one line)")
+    p.add_argument("--group-size", type=int, default=None, metavar="N",
+                   help="with --engine batched: at most N runs per process (default: all the "
+                        "runs that can share one)")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -104,10 +113,16 @@ def spec_from_args(args: argparse.Namespace):
     return spec.check()
 
 
-def check_run_flags(workers: int | None, out: str, max_runs: int | None = None) -> None:
-    """FlagError for a worker count or run limit below 1, or an --out that is a file."""
+def check_run_flags(workers: int | None, out: str, max_runs: int | None = None,
+                    group_size: int | None = None, engine: str = "process") -> None:
+    """FlagError for a worker count, run limit or group size below 1, a group size without the
+    batched engine, or an --out that is a file."""
     if workers is not None and workers < 1:
         raise FlagError(f"--workers={workers}: must be >= 1 (parallel runs)")
+    if group_size is not None and group_size < 1:
+        raise FlagError(f"--group-size={group_size}: must be >= 1 (runs per process)")
+    if group_size is not None and engine != "batched":
+        raise FlagError(f"--group-size={group_size}: applies to --engine batched only")
     if max_runs is not None and max_runs < 1:
         raise FlagError(f"--max-runs={max_runs}: must be >= 1")
     if Path(out).exists() and not Path(out).is_dir():
@@ -179,19 +194,26 @@ def _summary(res, out: str) -> int:
 
 
 def run_and_summarise(spec, out: str, backend: str, workers: int | None,
-                      max_runs: int | None = None) -> int:
+                      max_runs: int | None = None, engine: str = "process",
+                      group_size: int | None = None) -> int:
     """Run the sweep ``spec`` into ``out`` with a line per run; :func:`_summary`'s exit code."""
-    from klppo.experiments.sweep import MAX_RUNS, check_envs, expand, run_sweep
+    from klppo.experiments.sweep import MAX_RUNS, check_envs, expand, plan_groups, run_sweep
 
     limit = max_runs or MAX_RUNS
     plans = expand(spec, limit)
     check_envs(plans)  # before the first line: a refused sweep prints only its reason
+    groups, _ = plan_groups(plans, engine, group_size)
     n = len(plans)
-    print(f"sweep: {n} runs into {out} (backend {backend})", flush=True)
+    how = f"backend {backend}"
+    if engine == "batched":
+        batched = sum(len(g) for g in groups if len(g) > 1)
+        how += (f", engine batched: {batched} runs in {sum(len(g) > 1 for g in groups)} "
+                f"process(es), {n - batched} alone")
+    print(f"sweep: {n} runs into {out} ({how})", flush=True)
     progress = SweepProgress(n, _already_finished(plans, out))
     try:
         res = run_sweep(spec, out, backend=backend, workers=workers, on_done=progress,
-                        max_runs=limit)
+                        max_runs=limit, engine=engine, group_size=group_size)
     finally:
         progress.close()
     return _summary(res, out)
@@ -200,7 +222,8 @@ def run_and_summarise(spec, out: str, backend: str, workers: int | None,
 def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
-        check_run_flags(args.workers, args.out, args.max_runs)
-        return run_and_summarise(spec, args.out, args.backend, args.workers, args.max_runs)
+        check_run_flags(args.workers, args.out, args.max_runs, args.group_size, args.engine)
+        return run_and_summarise(spec, args.out, args.backend, args.workers, args.max_runs,
+                                 args.engine, args.group_size)
     except REPORTED as e:
         return fail("sweep", e)

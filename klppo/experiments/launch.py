@@ -2,8 +2,11 @@
 
 Each run is ``python -m klppo.experiments.worker RUN_DIR`` in its own session (so a Ctrl-C at the
 terminal reaches only the sweep, which decides what the workers get), with its output appended
-to ``RUN_DIR/worker.log``. The worker stops itself if the sweep dies (see
-``klppo.experiments.worker``).
+to ``RUN_DIR/worker.log``. A batched group (``--engine batched``) is one worker for several run
+directories (``python -m klppo.experiments.worker --batched RUN_DIR...``, the batched engine of
+:mod:`klppo.rl.batched`), its output in the first run's ``worker.log`` (each other run's says
+where); how each of its runs ended is read from that run's own status. The worker stops itself
+if the sweep dies (see ``klppo.experiments.worker``).
 Stopping a job: level 1 sends SIGINT (finish the iteration, checkpoint, status 'interrupted'),
 level 2 sends SIGKILL (the run resumes from its last checkpoint).
 """
@@ -16,13 +19,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from klppo.runs import rundir as R
 
-__all__ = ["PARENT_ENV", "BUSY_EXIT", "Job", "start", "stop", "outcome", "run_one"]
+__all__ = ["PARENT_ENV", "BUSY_EXIT", "Job", "start", "start_group", "stop", "outcome",
+           "outcomes", "run_one", "run_group"]
 
 #: environment variable naming the pid the worker must not outlive
 PARENT_ENV = "KLPPO_PARENT_PID"
@@ -39,20 +43,40 @@ class Job:
     """time.time() at launch (status.json files older than this are from an earlier launch)"""
     log_offset: int
     stop_level: int = 0
+    members: list[Path] = field(default_factory=list)
+    """the run directories of a batched group (its log is the first one's); empty: run_dir"""
+
+    @property
+    def run_dirs(self) -> list[Path]:
+        return self.members or [self.run_dir]
+
+
+def _launch(args: list[str], log_dir: Path) -> tuple[subprocess.Popen, float, int]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           PARENT_ENV: str(os.getpid())}
+    started = time.time()
+    with open(log_dir / LOG, "ab") as log:
+        offset = log.tell()
+        proc = subprocess.Popen([sys.executable, "-m", "klppo.experiments.worker", *args],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    return proc, started, offset
 
 
 def start(run_dir: str | Path) -> Job:
     """Launch the worker of ``run_dir``; returns at once."""
     run_dir = Path(run_dir)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           PARENT_ENV: str(os.getpid())}
-    started = time.time()
-    with open(run_dir / LOG, "ab") as log:
-        offset = log.tell()
-        proc = subprocess.Popen([sys.executable, "-m", "klppo.experiments.worker", str(run_dir)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
-    return Job(run_dir, proc, started, offset)
+    return Job(run_dir, *_launch([str(run_dir)], run_dir))
+
+
+def start_group(run_dirs: list[str | Path]) -> Job:
+    """Launch one batched worker for ``run_dirs``; returns at once."""
+    dirs = [Path(d) for d in run_dirs]
+    for d in dirs[1:]:
+        with open(d / LOG, "a") as f:
+            f.write(f"trained in one process of {len(dirs)} runs (--engine batched); its "
+                    f"log: {dirs[0] / LOG}\n")
+    return Job(dirs[0], *_launch(["--batched", *map(str, dirs)], dirs[0]), members=dirs)
 
 
 def stop(job: Job, level: int) -> None:
@@ -80,15 +104,22 @@ def _worker_error(tail: str, rc: int) -> str:
     return lines[-1].removeprefix("klppo worker: ") if lines else f"worker exited with code {rc}"
 
 
-def outcome(job: Job, rc: int) -> dict[str, Any]:
-    """How the job ended: ``{"state", "error", "wall_s"}`` (+ ``traceback`` when it failed).
+def outcomes(job: Job, rc: int) -> dict[Path, dict[str, Any]]:
+    """:func:`outcome` of each run of the job (one, or a batched group's)."""
+    return {d: outcome(job, rc, d) for d in job.run_dirs}
+
+
+def outcome(job: Job, rc: int, run_dir: Path | None = None) -> dict[str, Any]:
+    """How the job ended for ``run_dir`` (default: the job's run): ``{"state", "error",
+    "wall_s"}`` (+ ``traceback`` when it failed).
 
     The run's own status.json decides when the worker wrote it in this launch; otherwise a job
     that was asked to stop is 'interrupted' and anything else 'failed' (a hard crash). Either
     way status.json is brought up to date, except when another process holds the run.
     """
     wall = time.time() - job.started
-    status = R.read_status(job.run_dir) or {}
+    run_dir = job.run_dir if run_dir is None else run_dir
+    status = R.read_status(run_dir) or {}
     state = status.get("state") if status.get("time", 0) >= job.started else None
     if state in ("finished", "interrupted"):
         return {"state": state, "error": None, "wall_s": wall}
@@ -98,12 +129,12 @@ def outcome(job: Job, rc: int) -> dict[str, Any]:
                 "traceback": status.get("traceback"), "wall_s": wall}
     if job.stop_level and rc != BUSY_EXIT:
         how = "killed by the sweep" if job.stop_level > 1 else f"stopped (exit code {rc})"
-        R.write_status(job.run_dir, "interrupted", error=f"worker {how}; it resumes from its "
+        R.write_status(run_dir, "interrupted", error=f"worker {how}; it resumes from its "
                        f"last checkpoint", iteration=status.get("iteration"))
         return {"state": "interrupted", "error": None, "wall_s": wall}
     err = _worker_error(tail, rc)
     if rc != BUSY_EXIT:
-        R.write_status(job.run_dir, "failed", error=err, traceback=tail)
+        R.write_status(run_dir, "failed", error=err, traceback=tail)
     return {"state": "failed", "error": err, "traceback": tail, "wall_s": wall}
 
 
@@ -134,12 +165,30 @@ def run_one(run_dir: str | Path) -> dict[str, Any]:
         return {"state": "finished", "error": None, "wall_s": None}
     _interruptible()
     job = start(run_dir)
+    return outcome(job, _wait(job))
+
+
+def run_group(run_dirs: list[str | Path]) -> dict[str, dict[str, Any]]:
+    """:func:`run_one` for a batched group: its runs that are not finished in one worker;
+    :func:`outcome` by run directory (what each Ray task of a batched sweep runs)."""
+    todo = [Path(d) for d in run_dirs
+            if (R.read_status(Path(d)) or {}).get("state") != "finished"]
+    done = {str(d): {"state": "finished", "error": None, "wall_s": None}
+            for d in map(Path, run_dirs) if d not in todo}
+    if not todo:
+        return done
+    _interruptible()
+    job = start_group(todo)
+    rc = _wait(job)
+    return {**done, **{str(d): res for d, res in outcomes(job, rc).items()}}
+
+
+def _wait(job: Job) -> int:
+    """Wait for the job; a KeyboardInterrupt meanwhile raises its stop level."""
     while True:
         try:  # short waits: ray.cancel raises KeyboardInterrupt only between bytecodes
-            rc = job.proc.wait(timeout=0.2)
-            break
+            return job.proc.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
             continue
         except KeyboardInterrupt:
             stop(job, job.stop_level + 1)
-    return outcome(job, rc)

@@ -2,7 +2,8 @@
 
 Used by sweeps (:mod:`klppo.experiments.sweep`) and by the RLHF comparison
 (:mod:`klppo.experiments.rlhf_compare`): each run directory is one worker process
-(:mod:`klppo.experiments.launch`), all started and watched from the calling thread.
+(:mod:`klppo.experiments.launch`), or each group of them for the batched engine, all started
+and watched from the calling thread.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from klppo.experiments import launch as L
@@ -21,7 +23,7 @@ from klppo.runs import rundir as R
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SweepStop", "signals_to", "run_local", "Done", "BUSY_WAIT_S"]
+__all__ = ["SweepStop", "signals_to", "run_local", "units", "Done", "BUSY_WAIT_S"]
 
 Done = Callable[[str, dict[str, Any]], None]
 
@@ -73,28 +75,52 @@ def _busy(run_dir: str) -> str | None:
     return None
 
 
+#: runs launched together: (name, run directory) of each; one run is an ordinary worker
+Unit = list[tuple[str, str]]
+
+
+def units(dirs: dict[str, str], groups: list[list[str]] | None) -> list[Unit]:
+    """The launch units of ``dirs`` in their order: each group (names of ``dirs``, launched
+    together when it holds more than one) where its first run comes, every other run alone."""
+    grouped = {n: i for i, g in enumerate(groups or []) for n in g if n in dirs}
+    out: list[Unit] = []
+    seen: set[int] = set()
+    for name, run_dir in dirs.items():
+        if name not in grouped:
+            out.append([(name, run_dir)])
+        elif grouped[name] not in seen:
+            seen.add(grouped[name])
+            out.append([(n, dirs[n]) for n in (groups or [])[grouped[name]] if n in dirs])
+    return out
+
+
 class _Local:
     """At most ``workers`` worker processes, all started and watched from the one thread that
     runs the sweep (a worker's parent-death signal fires when the thread that forked it ends)."""
 
-    def __init__(self, dirs: dict[str, str], workers: int, update: Done, stop: SweepStop):
-        self.queue = deque(dirs.items())
+    def __init__(self, todo: list[Unit], workers: int, update: Done, stop: SweepStop):
+        self.queue = deque(todo)
         self.workers, self.update, self.stop = workers, update, stop
-        self.jobs: dict[str, L.Job] = {}
+        self.jobs: dict[str, tuple[L.Job, Unit]] = {}
         self.busy_since: dict[str, float] = {}
 
     def launch(self) -> None:
         deferred = []
         while self.queue and len(self.jobs) < self.workers:
-            name, run_dir = self.queue.popleft()
-            holder = _busy(run_dir)
+            unit = self.queue.popleft()
+            name = unit[0][0]
+            holder = next((h for h in (_busy(d) for _, d in unit) if h is not None), None)
             if holder is None:
-                self.jobs[name] = L.start(run_dir)
-                self.update(name, {"state": "running"})
+                dirs = [d for _, d in unit]
+                self.jobs[name] = (L.start(dirs[0]) if len(unit) == 1 else L.start_group(dirs),
+                                   unit)
+                for n, _ in unit:
+                    self.update(n, {"state": "running"})
             elif self.gave_up(name, holder):
-                self.update(name, {"state": "failed", "error": holder})
+                for n, _ in unit:
+                    self.update(n, {"state": "failed", "error": holder})
             else:
-                deferred.append((name, run_dir))
+                deferred.append(unit)
         self.queue.extend(deferred)
 
     def gave_up(self, name: str, holder: str) -> bool:
@@ -105,12 +131,13 @@ class _Local:
         return now - self.busy_since[name] > BUSY_WAIT_S
 
     def reap(self) -> None:
-        for name, job in list(self.jobs.items()):
+        for name, (job, unit) in list(self.jobs.items()):
             L.stop(job, min(self.stop.requests, 2))
             rc = job.proc.poll()
             if rc is not None:
                 del self.jobs[name]
-                self.update(name, L.outcome(job, rc))
+                for n, d in unit:
+                    self.update(n, L.outcome(job, rc, Path(d)))
 
     def run(self) -> None:
         try:
@@ -120,13 +147,16 @@ class _Local:
                 self.reap()
                 time.sleep(POLL_S)
         finally:  # on an error of our own: stop the workers the graceful way, then re-raise
-            for job in self.jobs.values():
+            for job, _ in self.jobs.values():
                 L.stop(job, 1)
-            for job in self.jobs.values():
+            for job, _ in self.jobs.values():
                 job.proc.wait()
 
 
-def run_local(dirs: dict[str, str], workers: int, update: Done, stop: SweepStop) -> None:
-    _Local(dirs, workers, update, stop).run()
+def run_local(dirs: dict[str, str], workers: int, update: Done, stop: SweepStop,
+              groups: list[list[str]] | None = None) -> None:
+    """Run ``dirs`` (name -> run directory, in launch order) in at most ``workers`` processes;
+    the names of each of ``groups`` share one batched worker."""
+    _Local(units(dirs, groups), workers, update, stop).run()
 
 

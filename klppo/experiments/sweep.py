@@ -13,6 +13,11 @@ asks the running ones to finish their iteration, checkpoint and stop; they are r
 and resume from their last checkpoint. If the sweep itself is killed, its workers stop
 themselves the same graceful way.
 
+Engines: ``process`` (default) is one worker process per run; ``batched`` trains the runs of one
+shape together in one worker process (:mod:`klppo.experiments.batching`, :mod:`klppo.rl.batched`),
+each still in its own run directory; a crash of that process takes its whole group down (each run
+resumes from its last checkpoint at the next invocation).
+
 Backends: ``local`` (default) runs at most ``workers`` processes at once on this machine;
 ``ray`` submits the same worker function as Ray tasks (one CPU each) to the cluster named by
 ``RAY_ADDRESS`` (or a local instance), for a user who outgrows one machine.
@@ -30,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from klppo.experiments.launch import run_one
-from klppo.experiments.pool import Done, SweepStop, run_local, signals_to
+from klppo.experiments.batching import Engine, plan_groups
+from klppo.experiments.launch import run_group, run_one
+from klppo.experiments.pool import Done, SweepStop, run_local, signals_to, units
 from klppo.experiments.sweep_spec import (
     DEMO_SPEC,
     MAX_RUNS,
@@ -49,7 +55,7 @@ from klppo.runs.typecheck import short_repr
 log = logging.getLogger(__name__)
 
 __all__ = ["SweepSpec", "RunEntry", "SweepResult", "SweepStop", "expand", "load_spec",
-           "check_envs", "run_sweep", "run_one", "DEMO_SPEC", "MAX_RUNS"]
+           "check_envs", "run_sweep", "run_one", "plan_groups", "DEMO_SPEC", "MAX_RUNS"]
 
 Backend = Literal["local", "ray"]
 
@@ -178,8 +184,15 @@ def run_sweep(
     on_done: Callable[[RunEntry], None] | None = None,
     stop: SweepStop | None = None,
     max_runs: int = MAX_RUNS,
+    engine: Engine = "process",
+    group_size: int | None = None,
 ) -> SweepResult:
     """Run every run of ``spec`` under ``sweep_dir``; idempotent, crash-isolated, stoppable.
+
+    ``engine``: ``process`` trains each run in a worker process of its own; ``batched`` trains
+    the runs of one shape together in one process (:mod:`klppo.experiments.batching`: at most
+    ``group_size`` runs each, default all of them), and each condition it cannot serve in the
+    ordinary engine (logged as one warning line).
 
     Everything is checked before ``sweep_dir`` is created (:class:`~klppo.rl.config.ConfigError`;
     more than ``max_runs`` runs is refused);
@@ -188,12 +201,16 @@ def run_sweep(
     sweep_dir, stop = Path(sweep_dir), stop or SweepStop()
     planned = expand(spec, max_runs)
     check_envs(planned)
+    order = sorted(planned, key=lambda p: spec.seeds.index(p.seed))
+    groups, notes = plan_groups(order, engine, group_size)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
         raise C.ConfigError(f"workers={workers!r}: must be an integer >= 1")
     if backend not in ("local", "ray"):
         raise C.ConfigError(f"backend={backend!r}: must be 'local' or 'ray'")
     runner = run_local if backend == "local" else _ray_runner()
+    for note in notes:
+        log.warning("%s", note)
     lock = _open_sweep_dir(sweep_dir, spec)
     try:
         entries = _prepare(sweep_dir, planned)
@@ -213,7 +230,10 @@ def run_sweep(
                 for e in sorted(entries, key=lambda e: spec.seeds.index(e.seed))
                 if e.state != "finished"}
         with signals_to(stop):
-            runner(todo, workers or max(1, os.cpu_count() or 1), update, stop)
+            if groups:
+                runner(todo, workers or max(1, os.cpu_count() or 1), update, stop, groups)
+            else:
+                runner(todo, workers or max(1, os.cpu_count() or 1), update, stop)
     finally:
         lock.release()
     return SweepResult(sweep_dir, entries, stop.signal)
@@ -237,11 +257,16 @@ def _ray_runner() -> Callable[[dict[str, str], int, Done, SweepStop], None]:
     return _ray
 
 
-def _ray(dirs: dict[str, str], workers: int, update: Done, stop: SweepStop) -> None:
+def _ray(dirs: dict[str, str], workers: int, update: Done, stop: SweepStop,
+         groups: list[list[str]] | None = None) -> None:
     import ray
 
-    remote = ray.remote(num_cpus=1)(run_one)
-    pending = {remote.remote(d): name for name, d in dirs.items()}
+    one, group = ray.remote(num_cpus=1)(run_one), ray.remote(num_cpus=1)(run_group)
+    pending: dict[Any, list[str]] = {}
+    for unit in units(dirs, groups):
+        names = [n for n, _ in unit]
+        ref = one.remote(unit[0][1]) if len(unit) == 1 else group.remote([d for _, d in unit])
+        pending[ref] = names
     cancelled = 0
     while pending:
         if stop.requests > cancelled:  # running tasks get KeyboardInterrupt (run_one forwards
@@ -250,18 +275,31 @@ def _ray(dirs: dict[str, str], workers: int, update: Done, stop: SweepStop) -> N
                 ray.cancel(ref, force=cancelled > 1)
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
         for ref in ready:
-            name = pending.pop(ref)
-            update(name, _ray_result(ray, ref, dirs[name]))
+            names = pending.pop(ref)
+            if len(names) == 1:
+                update(names[0], _ray_result(ray, ref, dirs[names[0]]))
+                continue
+            results = _ray_result(ray, ref, None)
+            for name in names:
+                update(name, results.get(dirs[name]) or _ray_lost(results, dirs[name]))
 
 
-def _ray_result(ray: Any, ref: Any, run_dir: str) -> dict[str, Any]:
+def _ray_result(ray: Any, ref: Any, run_dir: str | None) -> dict[str, Any]:
+    """The task's result; for a lost or cancelled one, what ``run_dir``'s status says (a batched
+    group's task, ``run_dir`` None: ``{"lost": {...}}`` for each run to read its own)."""
     try:
         return ray.get(ref)
     except ray.exceptions.TaskCancelledError:  # cancelled before it started
-        state = (R.read_status(Path(run_dir)) or {}).get("state")
-        return {"state": state if state in ("finished", "interrupted") else "pending"}
+        lost: dict[str, Any] = {"state": "pending"}
     except Exception as e:  # noqa: BLE001 - a lost worker is one failed (or stopped) run
-        state = (R.read_status(Path(run_dir)) or {}).get("state")
-        if state in ("finished", "interrupted"):
-            return {"state": state}
-        return {"state": "failed", "error": repr(e)}
+        lost = {"state": "failed", "error": repr(e)}
+    return {"lost": lost} if run_dir is None else _ray_lost({"lost": lost}, run_dir)
+
+
+def _ray_lost(results: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    """A run whose task returned nothing for it: its own status if it ended, else the loss."""
+    state = (R.read_status(Path(run_dir)) or {}).get("state")
+    if state in ("finished", "interrupted"):
+        return {"state": state}
+    return results.get("lost", {"state": "failed", "error": "the batched worker returned no "
+                                "result for this run"})

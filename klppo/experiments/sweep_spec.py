@@ -251,7 +251,7 @@ def check_envs(plans: list[RunPlan]) -> None:
         c = plan.config
         cls = OBJECTIVES.get(c.objective)
         key = repr((c.env, sorted(c.env_kwargs.items()), c.marl.env_kwargs,
-                    bool(cls and cls.needs_probabilities)))
+                    bool(cls and cls.needs_probabilities), c.rollout.env_backend))
         if key in seen:
             continue
         seen.add(key)
@@ -259,7 +259,7 @@ def check_envs(plans: list[RunPlan]) -> None:
             if is_multiagent(plan.config.env):
                 check_multiagent(plan.config)
             else:
-                check_env(c.env, c.env_kwargs, c.objective)
+                check_env(c.env, c.env_kwargs, c.objective, c.rollout.env_backend)
         except ValueError as e:  # EnvError, ConfigError: one line naming the env
             raise C.ConfigError(f"condition {plan.condition}: {e}") from None
 

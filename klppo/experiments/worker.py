@@ -1,5 +1,7 @@
 """``python -m klppo.experiments.worker RUN_DIR``: run or resume the run whose config is there
-(a training run's ``config.yaml``, or an RLHF arm's ``pending.yaml``).
+(a training run's ``config.yaml``, or an RLHF arm's ``pending.yaml``);
+``python -m klppo.experiments.worker --batched RUN_DIR...``: run or resume those training runs
+together in the batched engine (:func:`klppo.rl.batched.train_group`).
 
 The worker never outlives the process that started it (the pid in ``KLPPO_PARENT_PID``, else
 its parent at start): on Linux the kernel sends it SIGTERM when that parent dies
@@ -7,7 +9,9 @@ its parent at start): on Linux the kernel sends it SIGTERM when that parent dies
 the way a first Ctrl-C does: finish the iteration, checkpoint, status 'interrupted'.
 
 Exit codes: 0 finished or interrupted (status.json says which), 1 failed, 75 the run directory
-is held by another process, 130 interrupted before training started.
+(or one of a batched group's) is held by another process, 130 interrupted before training
+started. A batched group's runs each end in their own status.json (one may fail while the others
+finish).
 """
 
 from __future__ import annotations
@@ -82,11 +86,22 @@ def _run(run_dir: Path) -> None:
     _record(resume(run_dir))
 
 
+def _run_batched(run_dirs: list[Path]) -> None:
+    from klppo.rl.batched import train_group
+
+    for result in train_group(run_dirs):
+        if result.status != "failed":  # a failed run's status.json holds its reason already
+            _record(result)
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING)
     try:
         stop_with_parent()
-        _run(Path(argv[0]))
+        if argv[0] == "--batched":
+            _run_batched([Path(a) for a in argv[1:]])
+        else:
+            _run(Path(argv[0]))
     except KeyboardInterrupt:
         print("klppo worker: interrupted", file=sys.stderr)
         return 130

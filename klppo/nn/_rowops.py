@@ -59,7 +59,8 @@ def row_cumsum(x: np.ndarray) -> np.ndarray:
 
 
 def col_sum(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``np.sum(x, axis=0, out=out)`` for a C-contiguous 2-D array, bit for bit."""
-    if x.shape[1] > 1 and x.flags.c_contiguous:
-        return np.einsum("ij->j", x, out=out)
-    return np.sum(x, axis=0, out=out)
+    """``np.sum(x, axis=0, out=out)`` for a C-contiguous 2-D array, bit for bit; for a stack
+    ``[R, n, k]`` of them, each one's column sum (``out [R, k]``), in the same order."""
+    if x.shape[-1] > 1 and x.flags.c_contiguous:
+        return np.einsum("ij->j" if x.ndim == 2 else "...ij->...j", x, out=out)
+    return np.sum(x, axis=-2, out=out)

@@ -128,14 +128,19 @@ class CartPoleSameStep(gym.vector.VectorWrapper):
 
 
 def check_env(env_id: str, env_kwargs: dict[str, Any] | None = None,
-              objective: str | None = None) -> str:
+              objective: str | None = None, backend: str = "gymnasium") -> str:
     """Resolve ``env_id`` and import its implementation, then make it once (with
     ``env_kwargs``) to check its spaces, so an unknown id (close matches), a missing extra (the
     pip command), arguments the env does not take or spaces klppo cannot train (for an
     ``objective`` that reads ``exp(logp)`` as a probability: actions that are not discrete)
-    fail before a run starts."""
+    fail before a run starts; with the ``envpool`` backend, EnvPool must be installed and have
+    the task."""
     from gymnasium.envs.registration import load_env_creator
 
+    if backend == "envpool":
+        from klppo.rl.envpool_backend import check_envpool
+
+        return check_envpool(env_id)
     env_id = _resolve_id(env_id)
     entry = gym.spec(env_id).entry_point
     if isinstance(entry, str):
@@ -214,6 +219,7 @@ def _check_env_spaces(env_id: str, env_kwargs: dict[str, Any],
 def make_vector_env(
     env_id: str, num_envs: int, seed: int, vectorization: str = "auto",
     env_kwargs: dict[str, Any] | None = None,
+    backend: str = "gymnasium",
 ) -> Any:
     """A seeded vector env with SAME_STEP autoreset whose state can be checkpointed; each env
     made by ``gym.make(env_id, **env_kwargs)``.
@@ -223,9 +229,17 @@ def make_vector_env(
     :class:`SameStepVecEnv`; ``sync``
     forces :class:`SameStepVecEnv`; ``async`` uses Gymnasium's AsyncVectorEnv (one process per
     env; its state cannot be checkpointed, so a resumed run starts new episodes and says so).
+    ``backend`` ``envpool``: EnvPool's C++ task of the same id
+    (:class:`~klppo.rl.envpool_backend.EnvPoolSameStep`; not checkpointed either).
     Raises :class:`EnvError` with close matches for an unknown id and the pip command for a
     missing extra.
     """
+    if backend == "envpool":
+        from klppo.rl.envpool_backend import EnvPoolSameStep
+
+        env = EnvPoolSameStep(env_id, num_envs, seed)
+        env.reset(seed=seed)
+        return env
     env_id = _resolve_id(env_id)
     spec = gym.spec(env_id)
     kwargs = dict(env_kwargs or {})

@@ -17,7 +17,7 @@ from klppo.runs.lifecycle import check_metrics, check_run_dir, metrics_records
 from klppo.runs.typecheck import short_repr
 
 __all__ = ["RunTrainer", "ResumeError", "read_run_config", "check_resume", "extend_config",
-           "RESUMABLE_CHANGES", "EXTENSION_FIELDS"]
+           "write_extension", "RESUMABLE_CHANGES", "EXTENSION_FIELDS"]
 
 #: config fields that may differ between a run's checkpoint and its ``config.yaml`` at a resume:
 #: where files go, what is logged, how often to checkpoint, and where it computes (the device and
@@ -199,3 +199,11 @@ def extend_config(cfg: TrainConfig, iteration: int, total_steps: int) -> TrainCo
         return new  # the same schedule, or none yet run
     anchor = (float(iteration), lr_fraction(cfg, iteration))
     return validate(dataclasses.replace(new, lr_anneal_from=anchor))
+
+
+def write_extension(run_dir: Path, cfg: TrainConfig, state: dict[str, Any] | None) -> None:
+    """A new total: ``config.yaml``, then the checkpoint's own copy of the config (each written
+    atomically; the same command again mends a run stopped between the two)."""
+    R.write_yaml(run_dir / "config.yaml", to_dict(cfg))
+    if state is not None and "config" in state:
+        ckpt.save_checkpoint(run_dir, {**state, "config": to_dict(cfg)})

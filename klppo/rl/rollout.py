@@ -121,6 +121,9 @@ class Collector:
         self.ep_return = np.zeros(self.N, np.float64)
         self.ep_length = np.zeros(self.N, np.int64)
         self.next_obs: np.ndarray | None = None
+        self.stats = EpisodeStats()
+        #: the steps ``(t, env, final obs)`` of this rollout where an episode was truncated
+        self.trunc_final: list[tuple[int, int, np.ndarray]] = []
 
     def reset(self, seed: int) -> None:
         obs, _ = self.env.reset(seed=seed)
@@ -144,42 +147,57 @@ class Collector:
                                     f"a non-finite reward")
 
     def collect(self, iteration: int) -> EpisodeStats:
-        b, stats = self.np, EpisodeStats()
-        trunc_final: list[tuple[int, int, np.ndarray]] = []
+        """One rollout of ``T`` steps with the runner; the episodes that ended in it."""
+        self.begin()
         for t in range(self.T):
-            obs_t = self.next_obs
-            action, logp, params, value = self.runner.act(obs_t)
-            b["obs"][t] = obs_t
-            b["actions"][t] = action
-            b["logp"][t] = logp
-            b["params"][t] = params
-            b["values"][t] = value
-            env_action = (np.minimum(np.maximum(action, self.act_low), self.act_high)
-                          if self.box else action)  # np.clip, without its overhead
-            obs, rew, term, trunc, info = self.env.step(env_action)
-            rew = np.asarray(rew, dtype=np.float64)
-            self._check(obs, rew, iteration, t)
-            done = term | trunc
-            self.ep_return += rew
-            self.ep_length += 1
-            if done.any():
-                for i in np.flatnonzero(done):
-                    stats.returns.append(float(self.ep_return[i]))
-                    stats.lengths.append(int(self.ep_length[i]))
-                    if trunc[i] and not term[i]:
-                        final = np.asarray(info["final_obs"][i], dtype=np.float32).reshape(-1)
-                        self._check(final, rew, iteration, t)
-                        trunc_final.append((t, int(i), final))
-                self.ep_return[done] = 0.0
-                self.ep_length[done] = 0
-            if self.reward_scaler is not None:
-                rew = self.reward_scaler(rew, done)
-            b["rewards"][t] = rew
-            b["terminated"][t] = term
-            b["truncated"][t] = trunc & ~term
-            self.next_obs = self._prep_obs(obs, update=True)
-        bootstrap(b, self.runner, self.next_obs, trunc_final, self.obs_norm)
-        return stats
+            self.record(t, *self.runner.act(self.next_obs), iteration)
+        return self.finish()
+
+    # The phases of :meth:`collect`, public for the batched engine (:mod:`klppo.rl.batched`),
+    # which acts for many runs' collectors with one forward and steps each with ``record``.
+    def begin(self) -> None:
+        """Start a rollout."""
+        self.stats, self.trunc_final = EpisodeStats(), []
+
+    def record(self, t: int, action: np.ndarray, logp: np.ndarray, params: np.ndarray,
+               value: np.ndarray, iteration: int) -> None:
+        """Step ``t`` of the rollout: store the runner's output for ``next_obs``, step the env
+        with the (clipped) action, and keep the rewards, ends and next observation."""
+        b, stats = self.np, self.stats
+        b["obs"][t] = self.next_obs
+        b["actions"][t] = action
+        b["logp"][t] = logp
+        b["params"][t] = params
+        b["values"][t] = value
+        env_action = (np.minimum(np.maximum(action, self.act_low), self.act_high)
+                      if self.box else action)  # np.clip, without its overhead
+        obs, rew, term, trunc, info = self.env.step(env_action)
+        rew = np.asarray(rew, dtype=np.float64)
+        self._check(obs, rew, iteration, t)
+        done = term | trunc
+        self.ep_return += rew
+        self.ep_length += 1
+        if done.any():
+            for i in np.flatnonzero(done):
+                stats.returns.append(float(self.ep_return[i]))
+                stats.lengths.append(int(self.ep_length[i]))
+                if trunc[i] and not term[i]:
+                    final = np.asarray(info["final_obs"][i], dtype=np.float32).reshape(-1)
+                    self._check(final, rew, iteration, t)
+                    self.trunc_final.append((t, int(i), final))
+            self.ep_return[done] = 0.0
+            self.ep_length[done] = 0
+        if self.reward_scaler is not None:
+            rew = self.reward_scaler(rew, done)
+        b["rewards"][t] = rew
+        b["terminated"][t] = term
+        b["truncated"][t] = trunc & ~term
+        self.next_obs = self._prep_obs(obs, update=True)
+
+    def finish(self) -> EpisodeStats:
+        """End a rollout: bootstrap the values; the episodes that ended in it."""
+        bootstrap(self.np, self.runner, self.next_obs, self.trunc_final, self.obs_norm)
+        return self.stats
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_obs": self.next_obs.copy(), "ep_return": self.ep_return.copy(),

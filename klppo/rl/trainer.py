@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -32,6 +33,7 @@ from klppo.rl.lifecycle import (
     check_resume,
     extend_config,
     read_run_config,
+    write_extension,
 )
 from klppo.rl.marl.spec import check_multiagent, is_multiagent
 from klppo.rl.marl.trainer import MultiTrainer
@@ -49,6 +51,9 @@ from klppo.runs.protocol import final_return
 from klppo.runs.threads import compute_threads
 
 log = logging.getLogger(__name__)
+
+#: builds a run's step backend from its network and loss (the batched engine's row of its stack)
+MakeStep = Callable[[Any, Any], Any]
 
 __all__ = ["TrainResult", "TrainingError", "ResumeError", "train", "resume", "plan_resume",
            "final_return", "TIMING_KEYS"]
@@ -86,23 +91,30 @@ class TrainResult:
 
 
 class _Trainer(RunTrainer):
-    """A single-agent run: one vector env, one collector, one :class:`PolicyUnit`."""
+    """A single-agent run: one vector env, one collector, one :class:`PolicyUnit`
+    (``make_step``: its step backend, see :class:`PolicyUnit`)."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
+    def __init__(self, cfg: TrainConfig, run_dir: Path, make_step: MakeStep | None = None
+                 ) -> None:
         self.cfg = validate(cfg)
         self.run_dir = run_dir
         torch.manual_seed(cfg.seed)
         self.env = make_vector_env(cfg.env, cfg.rollout.num_envs, cfg.seed,
-                                   cfg.rollout.vectorization, cfg.env_kwargs)
+                                   cfg.rollout.vectorization, cfg.env_kwargs,
+                                   cfg.rollout.env_backend)
         obs_dim = int(np.prod(self.env.single_observation_space.shape))
         self.unit = u = PolicyUnit(cfg, obs_dim, self.env.single_action_space,
-                                   cfg.rollout.num_envs, cfg.seed + 2)
+                                   cfg.rollout.num_envs, cfg.seed + 2, make_step=make_step)
         self.agent, self.learner, self.controller = u.agent, u.learner, u.controller
         self.collector = Collector(self.env, u.agent, cfg.rollout.num_steps, cfg.seed + 1,
                                    u.obs_norm, u.rew_scale, u.weights)
         self.monitor = ExplosionMonitor()
         self.iteration = 0
         self.global_step = 0
+        #: a run sharing its process with others (the batched engine) keeps its own torch RNG
+        #: state here for its checkpoint: the state its own process would hold; None: the
+        #: process's (torch's global generator)
+        self.own_torch_rng: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -111,7 +123,8 @@ class _Trainer(RunTrainer):
             "global_step": self.global_step,
             **self.unit.state_dict(),
             "collector": self.collector.state_dict(),
-            "torch_rng": torch.get_rng_state(),
+            "torch_rng": (torch.get_rng_state() if self.own_torch_rng is None
+                          else self.own_torch_rng),
             "env": env_state(self.env),
         }
 
@@ -180,11 +193,13 @@ def _run(tr: _Trainer | MultiTrainer, life: RunLife, on_iteration: OnIteration) 
     return TrainResult(life.run_dir, records, state, life.stop_signal)
 
 
-def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock) -> _Trainer | MultiTrainer:
+def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock,
+           make_step: MakeStep | None = None) -> _Trainer | MultiTrainer:
     """Build the trainer in a locked run directory and record its spaces (``spaces.json``, so
     :func:`klppo.load` needs no env); a failure leaves status 'failed'."""
     try:
-        tr = MultiTrainer(cfg, run_dir) if is_multiagent(cfg.env) else _Trainer(cfg, run_dir)
+        tr = (MultiTrainer(cfg, run_dir) if is_multiagent(cfg.env)
+              else _Trainer(cfg, run_dir, make_step))
         try:
             _save_spaces(tr, run_dir)
         except BaseException:
@@ -217,19 +232,27 @@ def train(config: TrainConfig, on_iteration: OnIteration = None) -> TrainResult:
     if is_multiagent(config.env):  # the env, its agents and each policy's config
         check_multiagent(config)
     else:  # an unknown env or a missing extra fails before any directory exists
-        check_env(config.env, config.env_kwargs, config.objective)
+        check_env(config.env, config.env_kwargs, config.objective, config.rollout.env_backend)
     resolve_device(config.device)
     if config.track == "wandb":
         M.require_wandb()
+    with compute_threads(config.torch_threads) as threads:
+        tr, life = open_new(config, threads)
+        return _run(tr, life, on_iteration)
+
+
+def open_new(config: TrainConfig, threads: dict[str, Any], make_step: MakeStep | None = None,
+             meta: dict[str, Any] | None = None) -> tuple[_Trainer | MultiTrainer, RunLife]:
+    """A new run's locked directory with its config and metadata (``meta`` added to it), and
+    its trainer at its first episodes (``config`` checked by the caller)."""
     run_dir, lock = _new_run_dir(config)
     if (run_dir / "metrics.jsonl").exists():  # another process finished a run there meanwhile
         lock.release()
         raise FileExistsError(f"out={str(run_dir)!r} already holds a run; use --resume")
-    with compute_threads(config.torch_threads) as threads:
-        _write_start_files(run_dir, config, threads, lock)
-        tr = _start(run_dir, config, lock)
-        tr.start()
-        return _run(tr, RunLife(run_dir, lock), on_iteration)
+    _write_start_files(run_dir, config, threads, lock, meta)
+    tr = _start(run_dir, config, lock, make_step)
+    tr.start()
+    return tr, RunLife(run_dir, lock)
 
 
 def _new_run_dir(cfg: TrainConfig) -> tuple[Path, R.DirLock]:
@@ -250,12 +273,12 @@ def _new_run_dir(cfg: TrainConfig) -> tuple[Path, R.DirLock]:
 
 
 def _write_start_files(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
-                       lock: R.DirLock) -> None:
+                       lock: R.DirLock, meta: dict[str, Any] | None = None) -> None:
     """config.yaml and metadata.json of a new run; if they cannot be written (a full disk), the
     new directory is removed again and the error names the file."""
     try:
         R.write_yaml(run_dir / "config.yaml", to_dict(cfg))
-        R.write_metadata(run_dir, {"kind": "train", "threads": threads})
+        R.write_metadata(run_dir, {"kind": "train", "threads": threads, **(meta or {})})
     except OSError:
         lock.release()
         for name in ("config.yaml", "metadata.json", ".lock"):
@@ -285,6 +308,24 @@ def resume(run_dir: str | Path, on_iteration: OnIteration = None,
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
     resolve_device(cfg.device)
+    with compute_threads(cfg.torch_threads) as threads:
+        tr, life, kept = open_existing(run_dir, cfg, threads, total_steps=total_steps)
+        if tr.iteration >= tr.num_iterations:
+            tr.close()
+            life.status("finished", tr.iteration)
+            life.lock.release()
+            return TrainResult(run_dir, kept, "finished")
+        return _run(tr, life, on_iteration)
+
+
+def open_existing(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
+                  make_step: MakeStep | None = None, meta: dict[str, Any] | None = None,
+                  total_steps: int | None = None
+                  ) -> tuple[_Trainer | MultiTrainer, RunLife, list[dict[str, Any]]]:
+    """Lock a run directory (``cfg`` is its config), check its files, and rebuild its trainer
+    from the last checkpoint (or start it); return the trainer, the run's life and the metrics
+    kept. The metadata records this start (``meta`` added to it); ``total_steps`` sets a new
+    total first (see :func:`resume`); a refusal leaves status 'failed' and raises one line."""
     lock = R.DirLock(run_dir).acquire()
     try:
         R.remove_stale_temp_files(run_dir)
@@ -292,7 +333,6 @@ def resume(run_dir: str | Path, on_iteration: OnIteration = None,
         kept = check_resume(run_dir, cfg, state, extending=total_steps is not None)
     except (ckpt.CheckpointError, ResumeError) as e:
         _refuse(run_dir, lock, e)
-    extended = None
     if total_steps is not None:
         old = cfg.total_steps
         try:  # bad input: nothing is written, the run keeps its status
@@ -300,23 +340,18 @@ def resume(run_dir: str | Path, on_iteration: OnIteration = None,
         except BaseException:
             lock.release()
             raise
-        _write_extension(run_dir, cfg, state)
-        extended = {"total_steps": [old, cfg.total_steps]} if old != cfg.total_steps else None
-    with compute_threads(cfg.torch_threads) as threads:
-        tr = _start(run_dir, cfg, lock)
-        problems = _restore(tr, state, lock)
-        _record_start(run_dir, state, threads, extended)
-        M.rewrite_metrics(run_dir / "metrics.jsonl", kept)
-        life = RunLife(run_dir, lock, saved=tr.iteration)
-        for p in problems:
-            life.warn(f"resume is not exact: {p}")
-        tr.monitor.seed(kept)
-        if tr.iteration >= cfg.num_iterations:
-            tr.close()
-            life.status("finished", tr.iteration)
-            lock.release()
-            return TrainResult(run_dir, kept, "finished")
-        return _run(tr, life, on_iteration)
+        write_extension(run_dir, cfg, state)
+        if old != cfg.total_steps:
+            meta = {**(meta or {}), "extended": {"total_steps": [old, cfg.total_steps]}}
+    tr = _start(run_dir, cfg, lock, make_step)
+    problems = _restore(tr, state, lock)
+    _record_start(run_dir, state, threads, meta)
+    M.rewrite_metrics(run_dir / "metrics.jsonl", kept)
+    life = RunLife(run_dir, lock, saved=tr.iteration)
+    for p in problems:
+        life.warn(f"resume is not exact: {p}")
+    tr.monitor.seed(kept)
+    return tr, life, kept
 
 
 def _refuse(run_dir: Path, lock: R.DirLock, error: Exception) -> NoReturn:
@@ -346,21 +381,13 @@ def _restore(tr: _Trainer | MultiTrainer, state: dict[str, Any] | None,
 
 
 def _record_start(run_dir: Path, state: dict[str, Any] | None, threads: dict[str, Any],
-                  extended: dict[str, Any] | None = None) -> None:
-    more = {"extended": extended} if extended else {}
+                  meta: dict[str, Any] | None = None) -> None:
+    meta = meta or {}
     if not (run_dir / "metadata.json").exists():
-        R.write_metadata(run_dir, {"kind": "train", "threads": threads, **more})
-    elif state is not None or extended:
+        R.write_metadata(run_dir, {"kind": "train", "threads": threads, **meta})
+    elif state is not None or "extended" in meta:
         R.record_resume(run_dir, int(state["iteration"]) if state else 0, threads=threads,
-                        **more)
-
-
-def _write_extension(run_dir: Path, cfg: TrainConfig, state: dict[str, Any] | None) -> None:
-    """A new total: ``config.yaml``, then the checkpoint's own copy of the config (each written
-    atomically; the same command again mends a run stopped between the two)."""
-    R.write_yaml(run_dir / "config.yaml", to_dict(cfg))
-    if state is not None and "config" in state:
-        ckpt.save_checkpoint(run_dir, {**state, "config": to_dict(cfg)})
+                        **meta)
 
 
 def plan_resume(run_dir: str | Path, total_steps: int | None = None) -> TrainConfig:

@@ -9,6 +9,7 @@ objective, controller and target: each policy is one more learner over the same 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from klppo.core.advantages import gae
 from klppo.core.controllers import is_fixed_fallback, make_controller
 from klppo.core.kl import NOT_KL
+from klppo.core.loss import PPOLoss
 from klppo.core.monitor import KLMonitor
 from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
@@ -25,7 +27,7 @@ from klppo.rl.config import TrainConfig
 from klppo.rl.envs import ObsNormalizer, RewardScaler
 from klppo.rl.policy import load_weights
 from klppo.rl.rollout import RolloutBuffer
-from klppo.rl.update import Batch, Learner, make_loss
+from klppo.rl.update import Batch, Learner, UpdateResult, make_loss
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +43,15 @@ class PolicyUnit:
     """
 
     def __init__(self, cfg: TrainConfig, obs_dim: int, action_space: Any, num_columns: int,
-                 shuffle_seed: int, name: str = "") -> None:
+                 shuffle_seed: int, name: str = "",
+                 make_step: Callable[[ActorCritic, PPOLoss], Any] | None = None) -> None:
         self.cfg, self.name, self.obs_dim = cfg, name, obs_dim
         n, r, k = cfg.net, cfg.rollout, cfg.kl
         self.agent = ActorCritic(obs_dim, make_head(action_space), n.hidden, n.shared_trunk,
                                  n.separate_losses, n.log_std_init)
         loss = make_loss(cfg)
-        backend = make_backend(self.agent, loss, cfg.ppo, cfg.fast_path, cfg.device)
+        backend = (make_step(self.agent, loss) if make_step is not None else
+                   make_backend(self.agent, loss, cfg.ppo, cfg.fast_path, cfg.device))
         self.fast = backend.fast
         #: the numpy step's weight buffer, handed to the rollout runner (None: torch backend)
         self.weights = getattr(backend, "weights", None)
@@ -129,6 +133,12 @@ class PolicyUnit:
         batch = self.advantages(b)                                             # 2. advantages
         result = self.learner.update(batch)                                    # 3. update
         kl_rollout, ctrl_updates = self.learner.end_iteration(batch)           # 4. controller
+        return self.report(batch, result, kl_rollout, ctrl_updates, iteration)
+
+    def report(self, batch: Batch, result: UpdateResult, kl_rollout: float,
+               ctrl_updates: list[dict], iteration: int) -> dict[str, Any]:
+        """The policy's metrics of one iteration from its update and controller (and the KL
+        monitor's verdict)."""
         m: dict[str, Any] = {
             "beta": self.controller.value if self.uses_beta else 0.0,
             "kl_rollout": kl_rollout,

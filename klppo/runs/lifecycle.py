@@ -22,8 +22,8 @@ from klppo.runs.typecheck import short_repr
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Trainer", "RunLife", "run_iterations", "check_metrics", "check_run_dir",
-           "metrics_records", "OnIteration", "StopRun"]
+__all__ = ["Trainer", "RunLife", "run_iterations", "fail", "record", "check_metrics",
+           "check_run_dir", "metrics_records", "OnIteration", "StopRun"]
 
 OnIteration = Callable[[dict[str, Any]], None] | None
 
@@ -130,7 +130,7 @@ def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.Metri
                 while tr.iteration < tr.num_iterations:
                     it = tr.iteration + 1
                     try:
-                        _one(tr, life, writer, on_iteration, stop)
+                        record(tr, life, writer, tr.iterate(), on_iteration, stop)
                     except StopRun as request:
                         tr.save(life.run_dir)  # the callback came before the checkpoint
                         life.saved = tr.iteration
@@ -147,12 +147,7 @@ def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.Metri
         life.final_status("interrupted", tr.iteration, error="interrupted at once (second signal)")
         raise RunInterrupted(life.run_dir, stop.signum) from None
     except Exception as e:  # noqa: BLE001 - every failure ends as one named error
-        what = " ".join(str(e).split())
-        if not what.startswith("iteration"):
-            what = f"iteration {it}: {type(e).__name__}: {what}"
-        msg = f"{what}; {life.kept()}"
-        life.final_status("failed", tr.iteration, error=msg, traceback=traceback.format_exc())
-        raise failed(msg) from e
+        raise failed(fail(life, tr.iteration, it, e)) from e
     finally:
         tr.close()
         life.lock.release()
@@ -160,10 +155,22 @@ def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.Metri
     return state
 
 
-def _one(tr: Trainer, life: RunLife, writer: M.MetricsWriter, on_iteration: OnIteration,
-         stop: StopRequest) -> None:
-    """One iteration: compute, log, call back, checkpoint at the cadence (or when stopping)."""
-    m = tr.iterate()
+def fail(life: RunLife, iteration: int, it: int, error: BaseException) -> str:
+    """Status 'failed' for a run that stopped on ``error`` during iteration ``it`` (with the
+    traceback and what is kept); return the one-line reason."""
+    what = " ".join(str(error).split())
+    if not what.startswith("iteration"):
+        what = f"iteration {it}: {type(error).__name__}: {what}"
+    msg = f"{what}; {life.kept()}"
+    life.final_status("failed", iteration, error=msg,
+                      traceback="".join(traceback.format_exception(error)))
+    return msg
+
+
+def record(tr: Trainer, life: RunLife, writer: M.MetricsWriter, m: dict[str, Any],
+           on_iteration: OnIteration, stop: StopRequest) -> None:
+    """After an iteration: log its metrics ``m``, call back, checkpoint at the cadence (or when
+    stopping)."""
     writer.write(m)
     for w in tr.check(m):
         life.warn(w)

@@ -104,3 +104,19 @@ class Unbuildable(Counter):
 
 
 gym.register("KlppoTest/Unbuildable-v0", entry_point=Unbuildable)
+
+
+class NaNForSeed(Counter):
+    """Emits NaN from its 300th step on when reset with seed 1 (and only then): one run of a
+    batched group fails while the others, on other seeds, train on."""
+
+    def __init__(self) -> None:
+        super().__init__(limit=20)
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.nan_at = 300 if seed == 1 else None
+        return super().reset(seed=seed, options=options)
+
+
+gym.register("KlppoTest/NaNForSeed-v0", entry_point=NaNForSeed)

@@ -14,7 +14,35 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FlatAdam"]
+__all__ = ["FlatAdam", "StackedAdam", "adam_update"]
+
+B1, B2 = 0.9, 0.999
+
+
+def _factors(lr: float, t: int, eps: float) -> tuple[np.float32, np.float32, np.float32]:
+    """Step ``t``'s float32 factors: ``lr / (1 - b1^t)``, ``sqrt(1 - b2^t)`` and ``eps``."""
+    return (np.float32(lr / (1 - B1**t)), np.float32(np.sqrt(1 - B2**t)), np.float32(eps))
+
+
+def adam_update(params, g, m, v, t, denom, step, bias2, eps) -> None:
+    """One Adam step in place from the (clipped) gradient ``g``, with the textbook expressions;
+    ``t`` and ``denom`` are work arrays of ``params``' shape. ``step``, ``bias2`` and ``eps``
+    are :func:`_factors`: float32 scalars, or ``[R, 1]`` columns of them for a stack of ``R``
+    parameter rows (each row then gets the scalar call's numbers bit for bit: every operation
+    is elementwise)."""
+    m *= B1
+    np.multiply(g, 1 - B1, out=t)
+    m += t                                   # m = b1 m + (1 - b1) g
+    v *= B2
+    np.multiply(g, 1 - B2, out=t)
+    np.multiply(t, g, out=t)
+    v += t                                   # v = b2 v + (1 - b2) g g
+    np.sqrt(v, out=denom)
+    np.divide(denom, bias2, out=denom)
+    denom += eps
+    np.multiply(m, step, out=t)
+    np.divide(t, denom, out=t)
+    params -= t                              # p -= lr_t m / (sqrt(v_hat) + eps)
 
 
 class FlatAdam:
@@ -40,21 +68,8 @@ class FlatAdam:
         if coef < 1.0:
             g *= np.float32(coef)
         self.t += 1
-        b1, b2 = 0.9, 0.999
-        t, denom = self._tmp, self._denom  # the textbook expressions, in place
-        self.m *= b1
-        np.multiply(g, 1 - b1, out=t)
-        self.m += t                                   # m = b1 m + (1 - b1) g
-        self.v *= b2
-        np.multiply(g, 1 - b2, out=t)
-        np.multiply(t, g, out=t)
-        self.v += t                                   # v = b2 v + (1 - b2) g g
-        np.sqrt(self.v, out=denom)
-        np.divide(denom, np.float32(np.sqrt(1 - b2**self.t)), out=denom)
-        denom += np.float32(self.eps)
-        np.multiply(self.m, np.float32(self.lr / (1 - b1**self.t)), out=t)
-        np.divide(t, denom, out=t)
-        self.params -= t                              # p -= lr_t m / (sqrt(v_hat) + eps)
+        adam_update(self.params, g, self.m, self.v, self._tmp, self._denom,
+                    *_factors(self.lr, self.t, self.eps))
         return norm
 
     def state_dict(self) -> dict[str, Any]:
@@ -65,3 +80,69 @@ class FlatAdam:
         self.lr, self.t = float(s["lr"]), int(s["t"])
         self.m[:] = s["m"]
         self.v[:] = s["v"]
+
+
+class StackedAdam:
+    """:class:`FlatAdam` for ``R`` parameter rows at once (``params [R, P]``): each row has its
+    own learning rate, epsilon, clip norm, step count and moments, and gets exactly the numbers
+    a :class:`FlatAdam` of its own would (the norm of each row by the same ``np.dot``, the clip
+    factor 1 for a row under its limit, which changes no bit). ``row_state`` / ``load_row``
+    read and write one row in :class:`FlatAdam`'s state format."""
+
+    def __init__(self, params: np.ndarray, lr: np.ndarray, eps: np.ndarray,
+                 max_norm: np.ndarray) -> None:
+        self.params = params
+        R = params.shape[0]
+        self.lr = np.asarray(lr, np.float64).reshape(R).copy()
+        self.eps = np.asarray(eps, np.float64).reshape(R).copy()
+        self.max_norm = np.asarray(max_norm, np.float64).reshape(R).copy()
+        self.m = np.zeros_like(params)
+        self.v = np.zeros_like(params)
+        self.t = np.zeros(R, np.int64)
+        self._work: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    def set_lr(self, r: int, lr: float) -> None:
+        """Row ``r``'s learning rate."""
+        self.lr[r] = float(lr)
+
+    def step(self, grad: np.ndarray, rows: np.ndarray | None = None,
+             params: np.ndarray | None = None) -> list[float]:
+        """Clip each row of ``grad`` and apply Adam to ``params`` (default: every row of
+        ``self.params``; with ``rows``, the gathered ``params[rows]`` copy, written back here);
+        return each row's pre-clip norm."""
+        rows = np.arange(len(self.t)) if rows is None else np.asarray(rows)
+        whole = len(rows) == len(self.t)
+        p = self.params if params is None else params
+        m, v = (self.m, self.v) if whole else (self.m[rows], self.v[rows])
+        norms, factors = [], np.ones((len(rows), 1), np.float32)
+        for a, r in enumerate(rows):
+            g = grad[a]
+            norm = float(np.sqrt(np.dot(g, g)))
+            coef = self.max_norm[r] / (norm + 1e-6)
+            if coef < 1.0:
+                factors[a] = np.float32(coef)
+            norms.append(norm)
+        grad *= factors
+        self.t[rows] += 1
+        cols = [_factors(float(self.lr[r]), int(self.t[r]), float(self.eps[r])) for r in rows]
+        step, bias2, eps = (np.array(c, np.float32)[:, None] for c in zip(*cols))
+        work = self._work.get(p.shape)
+        if work is None:
+            work = self._work[p.shape] = (np.empty_like(p), np.empty_like(p))
+        adam_update(p, grad, m, v, *work, step, bias2, eps)
+        if not whole:
+            self.m[rows], self.v[rows] = m, v
+            if params is not None:
+                self.params[rows] = p
+        return norms
+
+    def row_state(self, r: int) -> dict[str, Any]:
+        """Row ``r``'s Adam state in :meth:`FlatAdam.state_dict`'s format."""
+        return {"lr": float(self.lr[r]), "m": self.m[r].copy(), "v": self.v[r].copy(),
+                "t": int(self.t[r])}
+
+    def load_row(self, r: int, s: dict[str, Any]) -> None:
+        """Set row ``r`` from a :meth:`FlatAdam.state_dict`."""
+        self.lr[r], self.t[r] = float(s["lr"]), int(s["t"])
+        self.m[r] = s["m"]
+        self.v[r] = s["v"]

@@ -5,6 +5,12 @@ A layer is ``(W [out, in], b [out])``, views of the flat weights
 ``h_{k+1} = tanh(h_k W_k^T + b_k)`` except the last layer, which stays linear. Backward, from
 ``g = d loss / d h_L [n, out]``: ``dW_k = g^T h_k``, ``db_k = sum_rows g``, and
 ``g <- (g W_k) * (1 - h_k^2)`` below a tanh layer.
+
+Both also take a stack of networks of one shape (the batched engine, :mod:`klppo.rl.batched`):
+``W [R, out, in]``, ``b [R, out]``, ``x [R, n, in]``. numpy's stacked ``matmul`` makes one BLAS
+call per network with the 2-D call's arguments, and every other operation is elementwise or sums
+in the 2-D order, so network r of the stack gets the 2-D result bit for bit
+(``tests/nn/numpy/test_stacked.py``).
 """
 
 from __future__ import annotations
@@ -42,10 +48,10 @@ def forward(layers: list[Layer], x: np.ndarray, ws: Workspace | None = None,
     acts, last = [x], len(layers) - 1
     for k, (w, b) in enumerate(layers):
         if ws is None:
-            out = np.matmul(x, w.T)
+            out = np.matmul(x, _t(w))
         else:
-            out = np.matmul(x, w.T, out=ws.get((tag, "a", k), (x.shape[0], w.shape[0])))
-        np.add(out, b, out=out)
+            out = np.matmul(x, _t(w), out=ws.get((tag, "a", k), x.shape[:-1] + w.shape[-2:-1]))
+        np.add(out, b if b.ndim == 1 else b[..., None, :], out=out)
         if k < last:
             np.tanh(out, out=out)
         acts.append(out)
@@ -53,23 +59,30 @@ def forward(layers: list[Layer], x: np.ndarray, ws: Workspace | None = None,
     return acts
 
 
+_OUTER = {2: "i,j->ij", 3: "ri,rj->rij"}
+
+
+def _t(a: np.ndarray) -> np.ndarray:
+    """The transpose of a matrix, or of each matrix of a stack (a view)."""
+    return a.T if a.ndim == 2 else np.swapaxes(a, -1, -2)
+
+
 def backward(layers: list[Layer], grads: list[Layer], acts: list[np.ndarray], g: np.ndarray,
              ws: Workspace) -> None:
     """Write d loss / d (W_k, b_k) into ``grads`` (views of the flat gradient), from
     ``g = d loss / d output [n, out]`` and the forward's ``acts``."""
-    n = g.shape[0]
     for k in range(len(layers) - 1, -1, -1):
         w = layers[k][0]
         gw, gb = grads[k]
-        np.matmul(g.T, acts[k], out=gw)
+        np.matmul(_t(g), acts[k], out=gw)
         # numpy's row-after-row order, not ones @ g (faster still): the summation order
         # changes the rounding and with it whole trajectories; the learning numbers were
         # measured with this one
         col_sum(g, gb)
         if k:
-            gn = ws.get(("g", k % 2), (n, w.shape[1]))  # k % 2: never the input g
-            if w.shape[0] == 1:  # one output: an outer product (one rounding, as in
-                np.einsum("i,j->ij", g[:, 0], w[0], out=gn)  # BLAS), 4x faster
+            gn = ws.get(("g", k % 2), g.shape[:-1] + w.shape[-1:])  # k % 2: never the input g
+            if w.shape[-2] == 1:  # one output: an outer product (one rounding, as in
+                np.einsum(_OUTER[g.ndim], g[..., 0], w[..., 0, :], out=gn)  # BLAS), 4x faster
             else:
                 np.matmul(g, w, out=gn)
             tmp = ws.get(("t",), gn.shape)

@@ -52,6 +52,13 @@ class NumpyRunner:
         self._live()
         out = mlp.forward(self.actor, obs)[-1]
         value = mlp.forward(self.critic, obs)[-1][:, 0]
+        return self.sample(out, value)
+
+    def sample(self, out: np.ndarray, value: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`act` from the actor's output ``out [N, k or d]`` and ``value [N]`` computed
+        elsewhere (the batched engine's one forward for many runs): actions drawn from this
+        runner's generator."""
         action, logp, params = self.head.act(out, self.rng)
         return action, logp, params, value
 

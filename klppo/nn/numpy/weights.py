@@ -35,14 +35,20 @@ def mlp_supported(seq: nn.Module) -> bool:
 
 class FlatWeights:
     """``flat``: float32 ``[P]`` holding every parameter of a module (``module.parameters()``
-    order); ``spans[i] = (start, end)`` is parameter i's slice. Made by :func:`flat_weights`."""
+    order); ``spans[i] = (start, end)`` is parameter i's slice. Made by :func:`flat_weights`;
+    ``buffer`` (a contiguous float32 ``[P]``, e.g. one row of the batched engine's stack of
+    networks) is used instead of a new array when given."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, buffer: np.ndarray | None = None) -> None:
         self.params = list(module.parameters())
         if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in self.params):
             raise ValueError("the numpy weights need float32 parameters on the CPU")
         total = sum(p.numel() for p in self.params)
-        self.flat = np.empty(total, np.float32)
+        if buffer is not None and (buffer.shape != (total,) or buffer.dtype != np.float32
+                                   or not buffer.flags.c_contiguous):
+            raise ValueError(f"the weight buffer must be a contiguous float32 [{total}], got "
+                             f"{buffer.dtype} {list(buffer.shape)}")
+        self.flat = np.empty(total, np.float32) if buffer is None else buffer
         self.spans: list[tuple[int, int]] = []
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.stale = False
@@ -53,6 +59,10 @@ class FlatWeights:
             p.data = torch.from_numpy(self.flat[at:at + n]).view(p.shape)
             self.spans.append((at, at + n))
             at += n
+
+    def span(self, p: nn.Parameter) -> tuple[int, int]:
+        """Parameter ``p``'s ``(start, end)`` in ``flat``."""
+        return self.spans[self._index[id(p)]]
 
     def view(self, p: nn.Parameter, buffer: np.ndarray | None = None) -> np.ndarray:
         """Parameter ``p``'s slice of ``buffer`` (``flat`` by default; the step passes its flat
@@ -81,11 +91,17 @@ class FlatWeights:
 _FLAT: weakref.WeakKeyDictionary[nn.Module, FlatWeights] = weakref.WeakKeyDictionary()
 
 
-def flat_weights(module: nn.Module) -> FlatWeights:
+def flat_weights(module: nn.Module, buffer: np.ndarray | None = None) -> FlatWeights:
     """The module's flat weight buffer: its current one, else a new one (parameters become
     views of it; their values are unchanged, and in-place loads such as ``load_state_dict``
-    keep the views valid)."""
+    keep the views valid). With ``buffer``, the parameters move into that array (see
+    :class:`FlatWeights`) and a previous buffer is marked stale."""
     fw = _FLAT.get(module)
+    if buffer is not None:
+        if fw is not None:
+            fw.stale = True
+        fw = _FLAT[module] = FlatWeights(module, buffer)
+        return fw
     if fw is not None:
         if fw.is_current() and [id(p) for p in module.parameters()] == [id(p) for p in fw.params]:
             return fw

@@ -1,0 +1,126 @@
+"""The checks of a training config that its fields' own ranges cannot say: choices, relations
+between fields, the controller's and actuators' options, W&B names. :func:`validate` runs them
+all once, early, and raises :class:`~klppo.runs.errors.ConfigError` naming the field and value.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from klppo.core.controllers import CONTROLLERS
+from klppo.core.loss import OBJECTIVES
+from klppo.core.surrogates import SHAPES, SOFT_SHAPES
+from klppo.rl import bounds
+from klppo.rl.actuate import check_actuator
+from klppo.rl.band_control import check_band_controller
+from klppo.runs.errors import ConfigError
+from klppo.runs.ranges import check_ranges
+from klppo.runs.typecheck import short_repr
+
+if TYPE_CHECKING:
+    from klppo.rl.config import TrainConfig, WandbConfig
+
+__all__ = ["validate"]
+
+
+def _bad(field_name: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"{field_name}={short_repr(value)}: {why}")
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Check every field once, early; raise :class:`ConfigError` naming the field and value."""
+    check_ranges(cfg)  # the ranges in the fields' metadata
+    bounds.check(cfg)
+    _validate_choices(cfg)
+    _validate_numbers(cfg)
+    _validate_kl(cfg)
+    _validate_wandb(cfg.wandb)
+    return cfg
+
+
+#: characters W&B refuses in a project, entity or group name
+_WANDB_BAD = set("/\\#?%:")
+
+
+def _validate_wandb(w: WandbConfig) -> None:
+    """Names W&B would refuse, refused before the run (a name of 1-128 characters without
+    / \\ # ? % :, tags of 1-64 characters)."""
+    for name in ("project", "entity", "group"):
+        value = getattr(w, name)
+        if value is not None and (not 0 < len(value.strip()) <= 128 or _WANDB_BAD & set(value)):
+            raise _bad(f"wandb.{name}", value, "must be 1-128 characters, none of / \\ # ? % :")
+    for tag in w.tags:
+        if not 0 < len(tag.strip()) <= 64:
+            raise _bad("wandb.tags", tag, "each tag must be 1-64 characters")
+
+
+def _validate_choices(cfg: TrainConfig) -> None:
+    p = cfg.ppo
+    if cfg.objective not in OBJECTIVES:
+        raise _bad("objective", cfg.objective, f"must be one of {sorted(OBJECTIVES)}")
+    if p.shape not in SHAPES:
+        raise _bad("ppo.shape", p.shape, f"must be one of {list(SHAPES)}")
+    if p.shape in SOFT_SHAPES and p.softness is None:
+        raise _bad("ppo.softness", None, f"shape {p.shape!r} needs a softness > 0")
+    if cfg.batch_size % p.minibatch_size:
+        raise _bad("ppo.minibatch_size", p.minibatch_size,
+                   f"must divide the rollout size num_envs * num_steps = {cfg.batch_size}")
+    if cfg.total_steps < cfg.batch_size:
+        raise _bad("total_steps", cfg.total_steps,
+                   f"is less than one rollout (num_envs * num_steps = {cfg.batch_size})")
+
+
+def _validate_numbers(cfg: TrainConfig) -> None:
+    """What a field's own range cannot say: relations between fields."""
+    p = cfg.ppo
+    knobs = OBJECTIVES[cfg.objective].knobs
+    if "cov_low" in knobs:
+        lo = knobs["cov_low"] if p.cov_low is None else p.cov_low
+        hi = knobs["cov_high"] if p.cov_high is None else p.cov_high
+        if not lo < hi:
+            raise _bad("ppo.cov_low", lo, f"must be below ppo.cov_high={hi}")
+    if p.early_stop != "none" and p.target_kl is None:
+        raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
+    _validate_anneal_from(cfg)
+    r = cfg.rollout
+    if r.env_backend == "envpool" and (r.vectorization != "auto" or ":" in cfg.env
+                                       or cfg.env_kwargs):
+        raise _bad("rollout.env_backend", r.env_backend, "runs EnvPool's own tasks, vectorised "
+                   "by EnvPool: no rollout.vectorization, env_kwargs, MODULE:ID or pettingzoo "
+                   "env")
+
+
+def _validate_anneal_from(cfg: TrainConfig) -> None:
+    a = cfg.lr_anneal_from
+    if a is None:
+        return
+    if not cfg.ppo.anneal_lr:
+        raise _bad("lr_anneal_from", a, "applies only with ppo.anneal_lr")
+    if len(a) != 2 or a[0] != int(a[0]) or not 1 <= a[0] < cfg.num_iterations \
+            or not 0 < a[1] <= 1:
+        raise _bad("lr_anneal_from", a, f"must be [iteration k, fraction f] with k a whole "
+                   f"number in [1, {cfg.num_iterations}) and f in (0, 1]")
+
+
+def _validate_kl(cfg: TrainConfig) -> None:
+    k = cfg.kl
+    if k.controller not in CONTROLLERS:
+        raise _bad("kl.controller", k.controller, f"must be one of {sorted(CONTROLLERS)}")
+    if not (k.monitor_high > 1 and 0 < k.monitor_low < 1 and k.monitor_patience >= 1):
+        raise _bad("kl.monitor_high/low/patience", (k.monitor_high, k.monitor_low,
+                   k.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
+    check_actuator(cfg)  # before the controller's timing: it names what an actuator ignores
+    check_band_controller(cfg)
+    if k.measure == "rollout" and k.cadence != "iteration":
+        raise _bad("kl.measure", k.measure, "the rollout KL exists once per iteration: "
+                   "use kl.cadence iteration")
+    if k.measure == "epoch_mean" and k.cadence == "minibatch":
+        raise _bad("kl.measure", k.measure, "an epoch mean needs kl.cadence epoch or iteration")
+    if cfg.net.separate_losses and not cfg.net.shared_trunk:
+        raise _bad("net.separate_losses", True, "only applies with net.shared_trunk")
+    try:  # the controller validates its own options (names the bad one)
+        from klppo.core.controllers import make_controller
+
+        make_controller(k.controller, **k.controller_options())
+    except ValueError as e:
+        raise ConfigError(f"kl: {e}") from None

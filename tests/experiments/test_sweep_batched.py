@@ -1,0 +1,137 @@
+"""``klppo sweep --engine batched``: groups, the runs it cannot serve in the ordinary engine (said
+in one line), stopping and resuming, the report, and the refusals (issue #22)."""
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from klppo import rl
+from klppo.cli import main
+from klppo.experiments.sweep import SweepSpec, expand, plan_groups, run_sweep
+from klppo.rl import config as C
+from klppo.rl.trainer import TIMING_KEYS
+from klppo.runs.metrics import read_metrics
+from tests.waiting import wait_for_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = {"total_steps": 1024, "tensorboard": False}
+
+
+def metrics(run_dir):
+    recs, _ = read_metrics(Path(run_dir) / "metrics.jsonl")
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in recs]
+
+
+def engine_of(run_dir):
+    return json.loads((Path(run_dir) / "metadata.json").read_text()).get("engine")
+
+
+MIXED = SweepSpec(preset="klip/cartpole", base=dict(BASE), seeds=[0, 1], conditions={
+    "clip": {"objective": "clip"},
+    "kl": {"objective": "kl_penalty", "kl": {"controller": "step", "target": 0.02}},
+    "trunk": {"objective": "clip", "net": {"shared_trunk": True}},
+})
+
+
+def test_plan_groups_splits_by_shape_and_size_and_names_what_it_cannot_serve():
+    spec = dataclasses.replace(MIXED, conditions={
+        **MIXED.conditions, "big": {"objective": "clip", "rollout": {"num_envs": 8}}})
+    plans = expand(spec)
+    groups, notes = plan_groups(plans, "batched")
+    assert sorted(map(sorted, groups)) == [
+        sorted(p.name for p in plans if p.condition == "big"),
+        sorted(p.name for p in plans if p.condition in ("clip", "kl"))]
+    assert notes == ["condition trunk trains in the ordinary engine, one process per run: the "
+                     "batched engine cannot serve net.shared_trunk: the batched step serves two "
+                     "separate tanh MLPs"]
+    assert [len(g) for g in plan_groups(plans, "batched", group_size=3)[0]] == [3, 1, 2]
+    assert plan_groups(plans, "process") == ([], [])
+    cuda = dataclasses.replace(MIXED, base={**BASE, "device": "cuda"})
+    with pytest.raises(C.ConfigError, match="device='cuda'"):
+        plan_groups(expand(cuda), "batched")
+    torch_on_cuda = dataclasses.replace(cuda, conditions={"t": {"fast_path": False}})
+    assert plan_groups(expand(torch_on_cuda), "batched")[0] == []  # the ordinary engine's
+    with pytest.raises(C.ConfigError, match="engine='threads'"):
+        plan_groups(plans, "threads")
+    with pytest.raises(C.ConfigError, match="group_size=0"):
+        plan_groups(plans, "batched", 0)
+
+
+def test_a_batched_sweep_trains_what_it_serves_together_the_rest_alone_and_reports(
+        tmp_path, capsys, caplog):
+    out = tmp_path / "sw"
+    res = run_sweep(dataclasses.replace(MIXED, seeds=[0]), out, workers=2, engine="batched")
+    assert [e.state for e in res.entries] == ["finished"] * 3
+    assert "condition trunk trains in the ordinary engine" in caplog.text
+    for e in res.entries:
+        run = out / "runs" / e.name
+        assert engine_of(run) == (None if e.condition == "trunk" else {"name": "batched",
+                                                                        "runs": 2})
+    grouped = out / "runs" / "CartPole-v1__kl__0"
+    assert "trained in one process of 2 runs" in (grouped / "worker.log").read_text()
+    # report reads the batched sweep as any other
+    assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+    table = (tmp_path / "rep" / "final_returns.md").read_text()
+    assert all(f"| {c} |" in table for c in ("clip", "kl", "trunk"))
+
+
+def start_sweep(spec_path, out):
+    return subprocess.Popen([sys.executable, "-m", "klppo", "sweep", "--spec", str(spec_path),
+                             "--out", str(out), "--engine", "batched", "--workers", "1"],
+                            cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_a_stopped_batched_sweep_resumes_to_the_ordinary_engines_numbers(tmp_path):
+    """Ctrl-C: every run of the group finishes its iteration, checkpoints and is interrupted;
+    the same command again finishes them with the numbers of an uninterrupted process sweep."""
+    spec = SweepSpec(preset="klip/cartpole", base={**BASE, "total_steps": 4096}, seeds=[0, 1],
+                     conditions={"clip": {"objective": "clip"}})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(dataclasses.asdict(spec)))
+    out = tmp_path / "sw"
+    proc = start_sweep(path, out)
+    wait_for_lines(out / "runs" / "CartPole-v1__clip__0" / "metrics.jsonl", 2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "0 finished, 2 interrupted, 0 failed, 0 not started" in stdout
+    for seed in (0, 1):
+        run = out / "runs" / f"CartPole-v1__clip__{seed}"
+        assert json.loads((run / "status.json").read_text())["state"] == "interrupted"
+        assert len((run / "metrics.jsonl").read_text().splitlines()) < 8
+    res = run_sweep(spec, out, engine="batched")
+    assert [e.state for e in res.entries] == ["finished"] * 2
+    for plan in expand(spec):  # the numbers of the run alone in the ordinary engine
+        alone = rl.train(dataclasses.replace(plan.config, out=str(tmp_path / plan.name)))
+        assert metrics(out / "runs" / plan.name) == metrics(alone.run_dir)
+
+
+def test_flags_are_checked_before_anything_starts(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert main(["sweep", "--out", str(out), "--group-size", "2"]) == 2
+    assert "--group-size=2: applies to --engine batched only" in capsys.readouterr().err
+    assert main(["sweep", "--out", str(out), "--engine", "batched", "--group-size", "0"]) == 2
+    assert main(["sweep", "--out", str(out), "--engine", "batched", "--set",
+                 "device=cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "device='cuda'" in err[-1]
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_ray_backend_runs_a_batched_group_as_one_task(tmp_path):
+    pytest.importorskip("ray")
+    spec = SweepSpec(preset="klip/cartpole", base=dict(BASE), seeds=[0, 1],
+                     conditions={"clip": {"objective": "clip"}})
+    res = run_sweep(spec, tmp_path / "sw", backend="ray", engine="batched")
+    assert [e.state for e in res.entries] == ["finished"] * 2
+    for e in res.entries:
+        assert engine_of(tmp_path / "sw" / "runs" / e.name) == {"name": "batched", "runs": 2}

@@ -1,0 +1,89 @@
+"""The MLP forward/backward and Adam over a stack of networks give each network the numbers of its
+own 2-D call, bit for bit (what the batched engine's per-run exactness rests on)."""
+
+import numpy as np
+import pytest
+
+from klppo.nn._rowops import col_sum
+from klppo.nn.numpy import mlp
+from klppo.nn.numpy.adam import FlatAdam, StackedAdam
+
+R = 5
+
+
+def spans(sizes, at=7):
+    """``[((w start, shape), (b start, shape)), ...]`` of an MLP laid out from offset ``at``
+    (odd: as a row of the engine's stack, which starts anywhere), and the row length."""
+    out = []
+    for i, o in zip(sizes[:-1], sizes[1:]):
+        out.append(((at, (o, i)), (at + o * i, (o,))))
+        at += o * i + o
+    return out, at
+
+
+def views(buf, layout):
+    """Stacked layers ``(W [R, out, in], b [R, out])`` of ``buf [R, P]``, or 2-D ones of a
+    row ``buf [P]``."""
+    def v(start, shape):
+        n = int(np.prod(shape))
+        return buf[..., start:start + n].reshape(*buf.shape[:-1], *shape)
+    return [(v(*w), v(*b)) for w, b in layout]
+
+
+@pytest.mark.parametrize("sizes,n", [((11, 64, 64, 3), 64), ((11, 64, 64, 1), 1),
+                                     ((4, 64, 64, 2), 128), ((17, 32, 1), 3)])
+def test_stacked_forward_and_backward_equal_each_networks_own(sizes, n):
+    rng = np.random.default_rng(0)
+    layout, P = spans(sizes)
+    W = rng.standard_normal((R, P), dtype=np.float32) * np.float32(0.3)
+    G = np.zeros_like(W)
+    x = rng.standard_normal((R, n, sizes[0]), dtype=np.float32)
+    g_out = rng.standard_normal((R, n, sizes[-1]), dtype=np.float32)
+    acts = mlp.forward(views(W, layout), x, mlp.Workspace(), "a")
+    mlp.backward(views(W, layout), views(G, layout), acts, g_out, mlp.Workspace())
+    for r in range(R):
+        w_r, g_r = W[r].copy(), np.zeros(P, np.float32)
+        one = mlp.forward(views(w_r, layout), np.ascontiguousarray(x[r]), mlp.Workspace(), "a")
+        for a_st, a_one in zip(acts, one):
+            assert np.array_equal(a_st[r], a_one)
+        mlp.backward(views(w_r, layout), views(g_r, layout), one,
+                     np.ascontiguousarray(g_out[r]), mlp.Workspace())
+        assert np.array_equal(G[r], g_r)
+    assert np.count_nonzero(G[:, 7:]) == G[:, 7:].size  # every parameter got a gradient
+
+
+def test_col_sum_of_a_stack_sums_each_in_numpys_order():
+    rng = np.random.default_rng(1)
+    for k in (1, 2, 3, 64):
+        x = rng.standard_normal((R, 97, k), dtype=np.float32)
+        out = np.empty((R, k + 3), np.float32)[:, :k]  # a strided out, as a row of a stack
+        col_sum(x, out)
+        for r in range(R):
+            assert np.array_equal(out[r], np.ascontiguousarray(x[r]).sum(0))
+
+
+def test_stacked_adam_equals_a_flat_adam_per_row_with_clips_and_subsets():
+    rng = np.random.default_rng(2)
+    P = 1001
+    W = rng.standard_normal((R, P), dtype=np.float32)
+    lr, eps = np.array([3e-4, 1e-3, 1e-2, 3e-4, 5e-5]), np.array([1e-5, 1e-8, 1e-5, 1e-5, 1e-3])
+    max_norm = np.array([0.5, 100.0, 0.5, 1e-3, 10.0])  # some rows clipped, some not
+    stacked = StackedAdam(W.copy(), lr, eps, max_norm)
+    flats = [FlatAdam(W[r].copy(), np.zeros(P, np.float32), lr[r], eps[r], max_norm[r])
+             for r in range(R)]
+    for step in range(6):
+        g = rng.standard_normal((R, P), dtype=np.float32) * np.float32(step + 0.5)
+        rows = np.arange(R) if step % 2 == 0 else np.array([0, 3, 4])  # an early-stopped pair
+        if len(rows) == R:
+            norms = stacked.step(g.copy())
+        else:
+            sub = stacked.params[rows]
+            norms = stacked.step(g[rows].copy(), rows, sub)
+        for a, r in enumerate(rows):
+            flats[r].grad[:] = g[r]
+            assert flats[r].step() == norms[a]
+    for r in range(R):
+        assert np.array_equal(stacked.params[r], flats[r].params)
+        s, f = stacked.row_state(r), flats[r].state_dict()
+        assert s["t"] == f["t"] and s["lr"] == f["lr"]
+        assert np.array_equal(s["m"], f["m"]) and np.array_equal(s["v"], f["v"])

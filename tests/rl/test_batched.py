@@ -1,0 +1,230 @@
+"""The batched engine: each run equals the same run in the ordinary engine bit for bit (metrics and
+whole checkpoint), whatever runs share its process; clip == per_sample_kl inside it; exact
+resume after SIGKILL, by either engine; one run's failure ends that run alone; refusals in one
+line (issue #22)."""
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from klppo import rl
+from klppo.rl.batched import train_batched, train_group
+from klppo.rl.config import ConfigError
+from klppo.rl.trainer import TIMING_KEYS
+from tests.waiting import wait_for_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def strip(metrics, drop=()):
+    return [{k: v for k, v in m.items() if k not in TIMING_KEYS and k not in drop}
+            for m in metrics]
+
+
+def same_state(a, b, path="state"):
+    """Every entry of two checkpoints equal (tensors and arrays exactly); the differing path."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), path
+        for k in a:
+            same_state(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            same_state(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b), path
+    else:
+        assert a == b, path
+
+
+def checkpoint(run_dir):
+    state = torch.load(Path(run_dir) / "checkpoint.pt", weights_only=False)
+    state["config"].pop("out")
+    return state
+
+
+def config(out, preset="klip/cartpole", steps=2048, **over):
+    c = rl.preset(preset)
+    nested = {k: over.pop(k) for k in ("ppo", "kl", "rollout") if k in over}
+    c = dataclasses.replace(c, out=str(out), total_steps=steps, tensorboard=False, **over)
+    for k, v in nested.items():
+        c = dataclasses.replace(c, **{k: dataclasses.replace(getattr(c, k), **v)})
+    return c
+
+
+#: runs of one shape that differ in everything the engine keeps per run
+CARTPOLE = [
+    dict(objective="clip", seed=0),
+    dict(objective="per_sample_kl", seed=1, ppo=dict(shape="sigmoid", softness=0.1,
+                                                      norm_adv="minibatch")),
+    dict(objective="kl_penalty", seed=2, kl=dict(controller="step", preset="klip", target=0.02,
+                                                 cadence="minibatch", measure="last_minibatch")),
+    dict(objective="kl_penalty", seed=3, ppo=dict(kl_estimator="k3", ent_coef=0.01),
+         kl=dict(controller="proportional", target=0.01, cadence="epoch", measure="epoch_mean")),
+    dict(objective="clip", seed=4, ppo=dict(target_kl=0.002, early_stop="minibatch", lr=1e-3)),
+    dict(objective="clip_kl", seed=5, ppo=dict(target_kl=0.002, early_stop="epoch",
+                                               anneal_lr=False),
+         kl=dict(controller="pid", target=0.01)),
+]
+
+PENDULUM = [  # a Gaussian policy, two envs per run, observation and reward normalisation
+    dict(objective="clip", seed=0),
+    dict(objective="kl_penalty", seed=7, ppo=dict(kl_estimator="k1", max_grad_norm=0.1),
+         kl=dict(controller="exponential", target=0.01)),
+]
+
+
+def pendulum(out, **over):
+    return config(out, env="Pendulum-v1", steps=2048,
+                  rollout=dict(num_envs=2, num_steps=256, norm_obs=True, norm_reward=True), **over)
+
+
+def assert_engines_agree(batched, ordinary):
+    for b, o in zip(batched, ordinary):
+        assert b.status == o.status == "finished"
+        assert strip(b.metrics) == strip(o.metrics)
+        same_state(checkpoint(b.run_dir), checkpoint(o.run_dir))
+        meta = json.loads((b.run_dir / "metadata.json").read_text())
+        assert meta["engine"] == {"name": "batched", "runs": len(batched)}
+        assert sorted(p.name for p in b.run_dir.iterdir()) == \
+            sorted(p.name for p in o.run_dir.iterdir())
+
+
+def test_each_run_equals_the_ordinary_engine_bit_for_bit(tmp_path):
+    """Controllers at every cadence, both early stops (a run that stops steps no more while the
+    others go on), minibatch advantage normalisation, an entropy bonus, sampled KL, other lrs."""
+    batched = train_batched([config(tmp_path / f"b{i}", **v) for i, v in enumerate(CARTPOLE)])
+    ordinary = [rl.train(config(tmp_path / f"o{i}", **v)) for i, v in enumerate(CARTPOLE)]
+    assert_engines_agree(batched, ordinary)
+    last = [r.metrics[-1] for r in batched]
+    assert last[4]["early_stop"] == 1.0 and last[5]["early_stop"] == 1.0  # the stops happened
+    assert last[2]["controller_updates"] > 1 and last[3]["beta"] != 1.0
+
+
+def test_a_gaussian_normalised_run_equals_the_ordinary_engine(tmp_path):
+    batched = train_batched([pendulum(tmp_path / f"b{i}", **v) for i, v in enumerate(PENDULUM)])
+    ordinary = [rl.train(pendulum(tmp_path / f"o{i}", **v)) for i, v in enumerate(PENDULUM)]
+    assert_engines_agree(batched, ordinary)
+
+
+@pytest.mark.slow
+def test_mujoco_runs_equal_the_ordinary_engine(tmp_path):
+    pytest.importorskip("mujoco")
+    runs = [dict(objective="clip", seed=0), dict(objective="per_sample_kl", seed=1),
+            dict(objective="kl_penalty", seed=2, kl=dict(controller="step", target=0.02))]
+    cfg = lambda out, v: config(out, "klip/hopper", 1536, rollout=dict(num_steps=512), **v)  # noqa: E731
+    batched = train_batched([cfg(tmp_path / f"b{i}", v) for i, v in enumerate(runs)])
+    ordinary = [rl.train(cfg(tmp_path / f"o{i}", v)) for i, v in enumerate(runs)]
+    assert_engines_agree(batched, ordinary)
+
+
+def test_a_runs_numbers_do_not_depend_on_its_group(tmp_path):
+    """Same seed, same metrics: the run of seed 0 alone, beside seed 1, beside seed 2."""
+    groups = [[0], [0, 1], [2, 0]]
+    seen = []
+    for g, seeds in enumerate(groups):
+        res = train_batched([config(tmp_path / f"g{g}s{s}", seed=s, steps=1536) for s in seeds])
+        seen.append(strip(res[seeds.index(0)].metrics))
+    assert seen[0] == seen[1] == seen[2]
+    other = train_batched([config(tmp_path / "s1", seed=1, steps=1536)])[0]
+    assert strip(other.metrics) != seen[0]
+
+
+def test_clip_equals_per_sample_kl_inside_the_engine(tmp_path):
+    a, b = train_batched([config(tmp_path / "clip", objective="clip", steps=3072),
+                          config(tmp_path / "psk", objective="per_sample_kl", steps=3072)])
+    drop = {"loss", "loss_objective"}  # the objectives' values differ; gradients do not
+    assert strip(a.metrics, drop) == strip(b.metrics, drop)
+    assert any(m["frac_kill"] > 0 for m in a.metrics)
+    sa, sb = checkpoint(a.run_dir)["agent"], checkpoint(b.run_dir)["agent"]
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def full_runs(tmp_path, seeds):
+    return train_batched([config(tmp_path / f"full{s}", seed=s, objective="kl_penalty",
+                                 steps=4096, checkpoint_every=2) for s in seeds])
+
+
+def test_sigkill_then_resume_is_exact_in_either_engine(tmp_path):
+    """A batched group killed mid-run: two of its runs resume together (a new group), the third
+    in the ordinary engine; each ends with the metrics and checkpoint of an uninterrupted run."""
+    seeds = [0, 1, 2]
+    full = full_runs(tmp_path, seeds)
+    dirs = [tmp_path / f"killed{s}" for s in seeds]
+    code = f"""
+import dataclasses, klppo.rl as rl
+from klppo.rl.batched import train_batched
+def c(out, s):
+    x = rl.preset("klip/cartpole")
+    return dataclasses.replace(x, out=out, seed=s, objective="kl_penalty", total_steps=4096,
+                               tensorboard=False, checkpoint_every=2)
+train_batched([c(d, s) for d, s in zip({[str(d) for d in dirs]!r}, {seeds!r})])
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    wait_for_lines(dirs[0] / "metrics.jsonl", 3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 3 <= len((dirs[0] / "metrics.jsonl").read_text().splitlines()) < 8
+    res = train_group(dirs[:2])
+    res.append(rl.resume(dirs[2]))
+    for r, f in zip(res, full):
+        assert r.status == "finished" and strip(r.metrics) == strip(f.metrics)
+        same_state(checkpoint(r.run_dir), checkpoint(f.run_dir))
+
+
+def test_an_ordinary_runs_checkpoint_resumes_in_the_batched_engine(tmp_path):
+    (full,) = full_runs(tmp_path, [1])
+
+    def crash(m):
+        if m["iteration"] == 5:
+            raise RuntimeError("crash")
+    with pytest.raises(rl.TrainingError):
+        rl.train(config(tmp_path / "ord", seed=1, objective="kl_penalty", steps=4096,
+                        checkpoint_every=2), on_iteration=crash)
+    (back,) = train_group([tmp_path / "ord"])
+    assert back.status == "finished" and strip(back.metrics) == strip(full.metrics)
+    same_state(checkpoint(back.run_dir), checkpoint(full.run_dir))
+    assert json.loads((back.run_dir / "metadata.json").read_text())["resumes"][0]["engine"] == \
+        {"name": "batched", "runs": 1}
+
+
+def test_one_runs_failure_ends_that_run_alone(tmp_path):
+    env = "tests.rl.envs_for_tests:KlppoTest/NaNForSeed-v0"
+    cfgs = [config(tmp_path / f"r{s}", env=env, seed=s, steps=1024,
+                   rollout=dict(num_envs=1, num_steps=128, vectorization="sync"))
+            for s in (0, 1, 2)]
+    res = train_batched(cfgs)
+    assert [r.status for r in res] == ["finished", "failed", "finished"]
+    status = json.loads((tmp_path / "r1" / "status.json").read_text())
+    assert status["state"] == "failed" and "non-finite observation" in status["error"]
+    assert status["error"].startswith("iteration 3, step ")
+    alone = rl.train(dataclasses.replace(cfgs[0], out=str(tmp_path / "alone")))
+    assert strip(res[0].metrics) == strip(alone.metrics)
+
+
+def test_refusals_are_one_line_before_any_directory(tmp_path):
+    ok = config(tmp_path / "a")
+    cases = [
+        (config(tmp_path / "b", net=dataclasses.replace(ok.net, shared_trunk=True)),
+         "net.shared_trunk"),
+        (config(tmp_path / "b", fast_path=False), "fast_path=False"),
+        (config(tmp_path / "b", rollout=dict(num_envs=8)), "rollout.num_envs=8 (not 4)"),
+        (config(tmp_path / "b", env="Acrobot-v1"), "env='Acrobot-v1'"),
+        (config(tmp_path / "b", device="cuda"), "device='cuda'"),
+    ]
+    for other, words in cases:
+        with pytest.raises(ConfigError, match=re.escape(words)) as e:
+            train_batched([ok, other])
+        assert "\n" not in str(e.value)
+    assert not any(tmp_path.iterdir())
