@@ -22,12 +22,18 @@ __all__ = ["partition_table", "kill_set_beta"]
 
 QUANTILES = ("beta_t_q50", "beta_t_q90", "beta_t_q99")
 
+#: objectives whose beta_t is the clip shape's: -w A on the kill set, 0 elsewhere
+_CLIP_SHAPED = frozenset({"clip", "clip_kl", "per_sample_kl"})
+
 
 def kill_set_beta(m: dict[str, Any], config: dict[str, Any]) -> float | None:
     """Mean |beta_t| over the kill set of one iteration: ``beta_t_abs_mean / frac_kill`` (both
     over all the iteration's samples, and beta_t is 0 off the kill set for the clip shape).
-    None where it cannot be derived: a metric missing, no sample killed, or a per_sample_kl
-    shape other than clip (its beta_t is not 0 off the kill set)."""
+    None where it cannot be derived: a metric missing, no sample killed, an objective whose
+    beta_t is not the clip shape's (the catalogue's: cispo, sapo, ..., whose beta_t is not 0
+    off the kill set), or a per_sample_kl shape other than clip."""
+    if config.get("objective", "clip") not in _CLIP_SHAPED:
+        return None
     if (config.get("ppo") or {}).get("shape", "clip") != "clip":
         return None
     a, f = m.get("beta_t_abs_mean"), m.get("frac_kill")

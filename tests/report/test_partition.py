@@ -37,3 +37,15 @@ def test_one_row_per_env_and_condition(n):
     runs = [run(s, [0.1] * 10, [1.0] * 10) for s in range(n)]
     runs += [run(s, [0.1] * 10, [1.0] * 10, "per_sample_kl") for s in range(n)]
     assert len(partition_table(runs).splitlines()) == 4
+
+
+def test_kill_set_beta_only_for_the_clip_shape():
+    """beta_t_abs_mean / frac_kill is the kill set's mean |beta_t| only where beta_t is 0 off the
+    kill set (the clip shape); a catalogue objective's beta_t is not, so no value is derived."""
+    from klppo.report.partition import kill_set_beta
+
+    m = {"beta_t_abs_mean": 0.2, "frac_kill": 0.1}
+    assert kill_set_beta(m, {"objective": "clip"}) == 0.2 / 0.1
+    assert kill_set_beta(m, {"objective": "clip_kl"}) == 0.2 / 0.1
+    for objective in ("cispo", "sapo", "sq_log_ratio", "dppo_tv"):
+        assert kill_set_beta(m, {"objective": objective}) is None
