@@ -18,10 +18,10 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Self
 
 __all__ = ["NumericWarnings", "one_line_warnings", "clock", "Part", "layout", "Eta", "Bar",
-           "StderrHandler", "quiet_hf_progress"]
+           "StderrHandler", "Closes", "quiet_hf_progress"]
 
 
 @contextlib.contextmanager
@@ -171,7 +171,20 @@ class Eta:
                 Part.of(eta, f"ETA {'-' if left is None else clock(left)}")]
 
 
-class Bar:
+class Closes:
+    """A display that ``with`` closes: ``__exit__`` calls :meth:`close`."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Bar(Closes):
     """A progress bar over ``total`` units on a terminal, plain lines elsewhere.
 
     ``update(done, parts)`` after each unit; ``print(text)`` for a line of its own (above the
@@ -240,13 +253,6 @@ class Bar:
         if self._live is not None:
             live, self._live = self._live, None
             live.stop()
-
-    def __enter__(self) -> Bar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class StderrHandler(logging.StreamHandler):
     """A logging handler that writes to the ``sys.stderr`` of the moment (a live bar redirects

@@ -7,7 +7,7 @@ import signal
 
 from klppo.cli.errors import REPORTED, FlagError, crashed, fail, signal_exit, stopped_at_once
 from klppo.cli.flags import OneLineParser, parse_config_flags
-from klppo.cli.progress import Bar, Part, quiet_hf_progress
+from klppo.cli.progress import Bar, Closes, Part, quiet_hf_progress
 
 RLHF_USAGE = """klppo rlhf [--config FILE.yaml] [FLAGS...]
        klppo rlhf --resume RUN_DIR
@@ -22,7 +22,7 @@ work.
 from its last checkpoint exactly (the run's config.yaml is used; no other flags)."""
 
 
-class RLHFProgress:
+class RLHFProgress(Closes):
     """The RLHF bar, updated every iteration (a line per iteration off a terminal): score, KL
     in its unit, beta, the held-out perplexity when measured, elapsed time and ETA."""
 
@@ -43,11 +43,6 @@ class RLHFProgress:
     def close(self) -> None:
         self.bar.close()
 
-    def __enter__(self) -> RLHFProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _rlhf_config(config: str | None, rest: list[str]):

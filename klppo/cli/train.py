@@ -19,7 +19,7 @@ from klppo.cli.errors import (
     stopped_at_once,
 )
 from klppo.cli.flags import Once, RaisingParser, name_arg, parse_config_flags, path_arg
-from klppo.cli.progress import Bar, NumericWarnings, Part
+from klppo.cli.progress import Bar, Closes, NumericWarnings, Part
 from klppo.runs.errors import RunFailed
 
 USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [--env-kwargs MAPPING] [FLAGS...]
@@ -44,7 +44,7 @@ Where the defaults come from (the config flags below override them):
                       on from where it was to 0 at the new end)"""
 
 
-class Progress:
+class Progress(Closes):
     """``klppo train``'s progress (:class:`~klppo.cli.progress.Bar`): iteration, return, KL,
     kill fraction, beta, steps/s and ETA; at a narrow terminal the least important fields go
     first (the step count, the elapsed time, the bar, then the KL). ``uses_beta`` False (an
@@ -92,11 +92,6 @@ class Progress:
     def close(self) -> None:
         self.bar.close()
 
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _num(x: float | None, fmt: str) -> str:

@@ -27,6 +27,17 @@ def _bad(name: str, value: Any, why: str) -> C.ConfigError:
     return C.ConfigError(f"{name}={short_repr(value)}: {why}")
 
 
+def check_spec_keys(cls: Any, d: Any, what: str) -> None:
+    """``d`` is a mapping whose keys are fields of the spec dataclass ``cls`` (``what`` names
+    the spec in the one-line refusal)."""
+    known = [f.name for f in dataclasses.fields(cls)]
+    if not isinstance(d, dict):
+        raise _bad("spec", d, f"must be a mapping with keys {known}")
+    for key in d:
+        if key not in known:
+            raise _bad(str(key), d[key], f"unknown {what} key; known: {known}")
+
+
 @dataclass
 class SweepSpec:
     """What to run: a base config, named conditions, a grid over any field, and seeds."""
@@ -44,12 +55,7 @@ class SweepSpec:
 
     @classmethod
     def from_dict(cls, d: Any) -> SweepSpec:
-        known = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(d, dict):
-            raise _bad("spec", d, f"must be a mapping with keys {known}")
-        for key in d:
-            if key not in known:
-                raise _bad(str(key), d[key], f"unknown sweep spec key; known: {known}")
+        check_spec_keys(cls, d, "sweep spec")
         spec = cls(**d)
         spec.check()
         return spec

@@ -26,10 +26,12 @@ from typing import Any
 
 from klppo.experiments.sweep_spec import (
     RESERVED,
+    _bad,
     _check_overrides,
     _check_seeds,
     _dotted,
     _overlay,
+    check_spec_keys,
 )
 from klppo.rl import config as C
 from klppo.rl.presets import preset
@@ -42,10 +44,6 @@ SAMPLERS = ("tpe", "random")
 PRUNERS = ("median", "none")
 #: the most trials a study runs (a typo should not start a million runs)
 MAX_TRIALS = 10_000
-
-
-def _bad(name: str, value: Any, why: str) -> C.ConfigError:
-    return C.ConfigError(f"{name}={short_repr(value)}: {why}")
 
 
 def _number(x: Any) -> bool:
@@ -162,12 +160,7 @@ class TuneSpec:
 
     @classmethod
     def from_dict(cls, d: Any) -> TuneSpec:
-        known = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(d, dict):
-            raise _bad("spec", d, f"must be a mapping with keys {known}")
-        for key in d:
-            if key not in known:
-                raise _bad(str(key), d[key], f"unknown tuning spec key; known: {known}")
+        check_spec_keys(cls, d, "tuning spec")
         return cls(**d).check()
 
     def params(self) -> list[Param]:
