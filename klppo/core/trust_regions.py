@@ -21,13 +21,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
-from klppo.core.objective_base import ShapeSpec, TemplateObjective
+from klppo.core.objective_base import (ClosedForm, Objective, PolicyTerm, ShapeSpec,
+                                       TemplateObjective)
 from klppo.core.surrogates import _clamp_band
 
-__all__ = ["CISPO", "SAPO", "SPO", "SquaredLogRatio", "DPPOBinaryTV", "DPPOBinaryKL",
-           "binary_kl"]
+__all__ = ["CISPO", "SAPO", "SPO", "SquaredLogRatio", "RatioVariance", "DPPOBinaryTV",
+           "DPPOBinaryKL", "binary_kl"]
 
 _SPO = ShapeSpec("spo")
 
@@ -130,6 +132,41 @@ class SquaredLogRatio(TemplateObjective):
         return advantage - self.knob("tau") * torch.log(w) - w * advantage
 
 
+class RatioVariance(Objective):
+    """R2VPO's ratio-variance penalty (Luo et al., arXiv:2601.03320 and arXiv:2605.26784), as
+    klppo reads it: ``w A - lambda (w - 1)^2`` with the multiplier ``lambda`` = the controller's
+    beta. Under the rollout policy ``E[w] = 1``, so ``(w - 1)^2`` is a one-sample estimate of
+    the ratio's variance (its second central moment; the Pearson chi-square divergence of the
+    new policy from the old), the quantity the papers constrain with a primal-dual method.
+    ``c_t = w A - 2 lambda w (w - 1)``, ``beta_t = -2 lambda w (w - 1)``: a soft brake that
+    never zeroes a sample's gradient, unlike the clip. The per-sample ``(w - 1)^2`` is the
+    penalty's divergence (logged as ``kl_penalty``, unitless, not a KL), so a minibatch- or
+    epoch-cadence controller measures the ratio variance. The dual ascent
+    ``lambda <- max(0, lambda + eta (mean (w - 1)^2 - delta))`` is ``--kl.controller pid
+    --kl.kp 0 --kl.ki eta --kl.target delta``.
+
+    Only the papers' abstracts were available to klppo: the per-sample form ``(w - 1)^2``
+    (rather than a batch's empirical variance), the dual step and any default ``delta`` or
+    ``eta`` are klppo's reading, not checked against the papers' method sections."""
+
+    name = "r2vpo"
+    band_knobs = ()
+    uses_beta = True
+
+    def term(self, ratio, logp_new, logp_old, advantage, kl, beta, want_beta=True):
+        w = ratio.detach()
+        obj = ratio * advantage - beta * (ratio - 1) ** 2
+        bt = -2 * beta * w * (w - 1) if want_beta else None
+        return PolicyTerm(obj, bt, (w - 1) ** 2)
+
+    def closed_form(self, w, a, wa, logp, log_w, kl, beta, logp_old=None):
+        b = np.float32(beta)
+        dev = w - np.float32(1)
+        pen = dev * dev
+        bt = np.float32(-2) * b * w * dev
+        return ClosedForm(wa - b * pen, wa + bt, None, pen, bt)
+
+
 def binary_kl(logp_old: torch.Tensor, logp_new: torch.Tensor) -> torch.Tensor:
     """KL(Bern(p_old) || Bern(p_new)) of the sampled token against all others, in nats:
     ``p_old log(p_old / p_new) + (1 - p_old) log((1 - p_old) / (1 - p_new))``, with
@@ -201,4 +238,5 @@ class DPPOBinaryKL(_DPPO):
 
 
 #: the token-level catalogue classes of this module
-TOKEN_LEVEL = (CISPO, SAPO, SPO, SquaredLogRatio, DPPOBinaryTV, DPPOBinaryKL)
+TOKEN_LEVEL = (CISPO, SAPO, SPO, SquaredLogRatio, RatioVariance, DPPOBinaryTV,
+               DPPOBinaryKL)

@@ -116,6 +116,10 @@ def _validate_kl(cfg: TrainConfig) -> None:
                    "use kl.cadence iteration")
     if k.measure == "epoch_mean" and k.cadence == "minibatch":
         raise _bad("kl.measure", k.measure, "an epoch mean needs kl.cadence epoch or iteration")
+    if cfg.objective == "r2vpo" and k.measure == "rollout" and k.controller != "fixed":
+        raise _bad("kl.measure", k.measure, "r2vpo's multiplier follows the ratio variance its "
+                   "penalty measures, and the rollout KL is a KL: use kl.measure last or "
+                   "epoch_mean (with kl.cadence minibatch or epoch), or kl.controller fixed")
     if cfg.net.separate_losses and not cfg.net.shared_trunk:
         raise _bad("net.separate_losses", True, "only applies with net.shared_trunk")
     try:  # the controller validates its own options (names the bad one)

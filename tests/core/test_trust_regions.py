@@ -47,22 +47,23 @@ def grad(fn, w0, logp_old):
     return g
 
 
-def check(obj, reference, w0, logp_old, adv, atol=1e-6, value_offset=0.0):
+def check(obj, reference, w0, logp_old, adv, atol=1e-6, value_offset=0.0, beta=0.0):
     """klppo's autograd == the paper's autograd == w A + beta_t == the numpy closed form (whose
-    value is the paper's, less ``value_offset``: a term without gradient)."""
+    value is the paper's, less ``value_offset``: a term without gradient), at the controller's
+    ``beta`` where the objective reads one."""
     def ours(x, ratio):
-        return obj.term(ratio, x, logp_old, adv, None, 0.0).objective
+        return obj.term(ratio, x, logp_old, adv, None, beta).objective
 
     g_ours, g_paper = grad(ours, w0, logp_old), grad(reference, w0, logp_old)
     assert torch.allclose(g_ours, g_paper, rtol=1e-5, atol=atol), (g_ours - g_paper).abs().max()
     x, ratio = leaf(w0, logp_old)
-    bt = obj.term(ratio, x, logp_old, adv, None, 0.0).beta_t
+    bt = obj.term(ratio, x, logp_old, adv, None, beta).beta_t
     template = w0 * adv + bt
     assert torch.allclose(template, g_paper, rtol=1e-5, atol=atol)
     if obj.has_closed_form:
         lw = (x.detach() - logp_old).numpy()
         form = obj.closed_form(w0.numpy(), adv.numpy(), (w0 * adv).numpy(), x.detach().numpy(),
-                               lw, None, 0.0, logp_old=logp_old.numpy())
+                               lw, None, beta, logp_old=logp_old.numpy())
         assert np.allclose(form.d_logp, g_paper.numpy(), rtol=1e-5, atol=atol)
         value = reference(x.detach(), ratio.detach()) - value_offset
         assert np.allclose(form.value, value.numpy(), rtol=1e-5, atol=atol)
@@ -145,6 +146,36 @@ def test_squared_log_ratio_is_kimis_gradient(tau):
     obj = make_objective("sq_log_ratio", knobs=Knobs(tau=tau))
     # klppo's value is A log w: the paper's A log pi less A log pi_old (no gradient)
     check(obj, lambda x, r: adv * x - tau / 2 * (x - lo) ** 2, w0, lo, adv, value_offset=adv * lo)
+
+
+@pytest.mark.parametrize("lam, delta", [(0.5, 0.02), (3.0, 0.1), (0.0, 0.05)])
+def test_r2vpo_is_the_lagrangian_of_the_ratio_variance_constraint(lam, delta):
+    """R2VPO (arXiv:2601.03320, abstract): maximise E[w A] subject to Var(w) <= delta, with
+    Var(w) = E[(w - E w)^2] and E w = 1 under the rollout policy; its Lagrangian per sample is
+    w A - lambda ((w - 1)^2 - delta). klppo's value drops the constant lambda delta."""
+    w0, lo, adv = token_batch()
+    obj = make_objective("r2vpo")
+    check(obj, lambda x, r: r * adv - lam * ((r - 1) ** 2 - delta), w0, lo, adv, beta=lam,
+          value_offset=lam * delta)
+    x, ratio = leaf(w0, lo)
+    term = obj.term(ratio, x, lo, adv, None, lam)
+    assert torch.equal(term.kl, (w0 - 1) ** 2)  # the constraint's divergence, per sample
+    assert bool((term.beta_t[w0 == 1] == 0).all())  # no brake at w = 1
+
+
+def test_r2vpo_dual_ascent_is_the_pid_controller_with_only_an_integral():
+    """The projected dual step lambda <- max(0, lambda + eta (v - delta)), transcribed here,
+    equals klppo's PID controller with kp = kd = 0 and ki = eta, on a sequence of measured
+    variances that drives lambda to the floor and back."""
+    from klppo.core.controllers import make_controller
+
+    eta, delta, lam = 5.0, 0.02, 0.3
+    ctl = make_controller("pid", beta=lam, target=delta, kp=0.0, ki=eta, kd=0.0)
+    g = np.random.default_rng(0)
+    for v in np.concatenate([g.uniform(0, 0.01, 40), g.uniform(0.01, 0.2, 60)]):
+        lam = max(0.0, lam + eta * (float(v) - delta))
+        ctl.update(float(v), n_steps=64)
+        assert ctl.value == lam
 
 
 @pytest.mark.parametrize("delta", [0.15, 0.02])

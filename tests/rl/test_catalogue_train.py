@@ -31,3 +31,27 @@ def test_a_catalogue_setting_changes_the_run(tmp_path):
     b = rl.train(dataclasses.replace(base, out=str(tmp_path / "b"),
                                      ppo=dataclasses.replace(base.ppo, tau_pos=5.0)))
     assert a.metrics[-1]["loss_objective"] != b.metrics[-1]["loss_objective"]
+
+
+def _r2vpo(tmp_path, **kl):
+    base = dataclasses.replace(rl.preset("klip/cartpole"), objective="r2vpo", total_steps=2048,
+                               tensorboard=False, out=str(tmp_path / "run"))
+    opts = dict(controller="pid", beta=0.5, target=0.002, kp=0.0, ki=20.0, kd=0.0)
+    return dataclasses.replace(base, kl=dataclasses.replace(base.kl, **{**opts, **kl}))
+
+
+def test_r2vpo_dual_ascent_trains_on_the_ratio_variance(tmp_path):
+    """R2VPO's multiplier is the PID controller's integral fed each minibatch's mean
+    (w - 1)^2 (logged as kl_penalty); it moves, and stays >= 0."""
+    res = rl.train(_r2vpo(tmp_path, cadence="minibatch", measure="last"))
+    betas = [m["beta"] for m in res.metrics]
+    assert all(b >= 0 for b in betas) and betas[-1] != 0.5
+    assert all(0 <= m["kl_penalty"] < 1 for m in res.metrics)
+
+
+def test_r2vpo_refuses_to_drive_its_multiplier_with_the_rollout_kl(tmp_path):
+    from klppo.runs.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^kl.measure='rollout': r2vpo"):
+        rl.train(_r2vpo(tmp_path))
+    assert not (tmp_path / "run").exists()
