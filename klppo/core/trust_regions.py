@@ -24,8 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from klppo.core.objective_base import (ClosedForm, Objective, PolicyTerm, ShapeSpec,
-                                       TemplateObjective)
+from klppo.core.objective_base import (
+    ClosedForm,
+    Objective,
+    PolicyTerm,
+    ShapeSpec,
+    TemplateObjective,
+)
 from klppo.core.surrogates import _clamp_band
 
 __all__ = ["CISPO", "SAPO", "SPO", "SquaredLogRatio", "RatioVariance", "DPPOBinaryTV",
