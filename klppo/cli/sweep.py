@@ -51,7 +51,9 @@ def add_parser(sub) -> None:
                    help="process: each run in a process of its own (default); batched: the runs "
                         "of one env and network shape trained together in one process, each in "
                         "its own run directory, the numbers of the process engine bit for bit "
-                        "(runs it cannot serve train in their own process, said in one line)")
+                        "on the numpy fast path (to float rounding on torch, --no-fast-path, "
+                        "e.g. on cuda); runs it cannot serve train in their own process, said "
+                        "in one line")
     p.add_argument("--group-size", type=int, default=None, metavar="N",
                    help="with --engine batched: at most N runs per process (default: all the "
                         "runs that can share one)")

@@ -4,9 +4,9 @@ Runs the batched engine serves (:func:`klppo.rl.batched.refusal`) and that have 
 (:func:`klppo.rl.batched.group_key`: env, rollout and minibatch sizes, epochs, network) form a
 group, split into groups of at most ``group_size``; each group is one worker process
 (:func:`klppo.rl.batched.train_group`). A condition the engine cannot serve trains in the ordinary
-engine, one process per run, and the sweep says so in one line. A run it would serve that asks
-for a GPU is refused before anything starts: the batched engine has no GPU path (a
-``--no-fast-path`` run on cuda trains in the ordinary engine).
+engine, one process per run, and the sweep says so in one line. Runs on the numpy fast path
+and runs on torch (``fast_path: false``, on the CPU or a GPU) form separate groups; a device that
+does not resolve here (cuda without a GPU) is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def plan_groups(plans: list[RunPlan], engine: str, group_size: int | None = None
                 ) -> tuple[list[list[str]], list[str]]:
     """The batched groups (run names, in ``plans``' order) and one note per condition that
     trains in the ordinary engine instead; ``([], [])`` for the process engine. ConfigError
-    (one line, nothing started) for a bad ``engine`` / ``group_size`` or a run on a GPU."""
+    (one line, nothing started) for a bad ``engine`` / ``group_size`` or a device that does not
+    resolve here (cuda without a GPU)."""
     if engine not in ENGINES:
         raise C.ConfigError(f"engine={engine!r}: must be one of {list(ENGINES)}")
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
@@ -40,7 +41,7 @@ def plan_groups(plans: list[RunPlan], engine: str, group_size: int | None = None
     refused: dict[str, str] = {}
     for plan in plans:
         why = refusal(plan.config)
-        if why is not None:  # e.g. --no-fast-path on cuda: the ordinary engine's to train
+        if why is not None:  # e.g. a multi-agent env: the ordinary engine's to train
             refused.setdefault(plan.condition, why)
             continue
         why = device_refusal(plan.config)

@@ -33,7 +33,14 @@ class TorchRunner:
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        params, value = self.agent(torch.from_numpy(obs).to(self.device))
+        return self.sample(*self.agent(torch.from_numpy(obs).to(self.device)))
+
+    @torch.inference_mode()
+    def sample(self, params: torch.Tensor, value: torch.Tensor
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`act` from distribution parameters ``[N, param_dim]`` and values ``[N]``
+        computed elsewhere (the batched engine's one forward for many runs): actions drawn from
+        this runner's generator."""
         action = self.head.sample(params, self.gen)
         logp = self.head.log_prob(params, action)
         return tuple(t.cpu().numpy() for t in (action, logp, params, value))

@@ -218,7 +218,7 @@ def test_refusals_are_one_line_before_any_directory(tmp_path):
     cases = [
         (config(tmp_path / "b", net=dataclasses.replace(ok.net, shared_trunk=True)),
          "net.shared_trunk"),
-        (config(tmp_path / "b", fast_path=False), "fast_path=False"),
+        (config(tmp_path / "b", fast_path=False), "step='torch' (not 'numpy')"),
         (config(tmp_path / "b", rollout=dict(num_envs=8)), "rollout.num_envs=8 (not 4)"),
         (config(tmp_path / "b", env="Acrobot-v1"), "env='Acrobot-v1'"),
         (config(tmp_path / "b", device="cuda"), "device='cuda'"),

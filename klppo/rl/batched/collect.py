@@ -14,18 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from klppo.rl.batched.stack import RunStack
-from klppo.rl.batched.step import stacked_act
 from klppo.rl.rollout import Collector, EpisodeStats
 
 __all__ = ["collect_all"]
 
 
-def collect_all(stack: RunStack, collectors: dict[int, Collector], iterations: dict[int, int],
-                obs: dict[str, Any]) -> dict[int, EpisodeStats | BaseException]:
+def collect_all(stack: Any, collectors: dict[int, Collector], iterations: dict[int, int],
+                obs: dict[str, Any], ops: Any) -> dict[int, EpisodeStats | BaseException]:
     """One rollout of each run (``collectors`` by stack row, each at its iteration); per run its
     episodes, or the error that stopped it (the env's). ``obs`` holds the stacked observation
-    buffer between calls (rows of runs not collecting keep old numbers)."""
+    buffer between calls (rows of runs not collecting keep old numbers); ``ops`` is the stack's
+    step module (:mod:`~klppo.rl.batched.step` or :mod:`~klppo.rl.batched.torch_step`)."""
     first = next(iter(collectors.values()))
     shape = (stack.R, first.N, first.obs_dim)
     X = obs.get("X")
@@ -37,7 +36,7 @@ def collect_all(stack: RunStack, collectors: dict[int, Collector], iterations: d
         c.begin()
         X[r] = c.next_obs
     for t in range(first.T):
-        actions, values = stacked_act(stack, X)
+        actions, values = ops.stacked_act(stack, X)
         for r, c in list(live.items()):
             try:
                 c.record(t, *c.runner.sample(actions[r], values[r]), iterations[r])

@@ -22,10 +22,13 @@ from typing import Any
 import torch
 
 from klppo.nn.numpy import mlp
+from klppo.rl.batched import step as numpy_step
+from klppo.rl.batched import torch_step
 from klppo.rl.batched.collect import collect_all
 from klppo.rl.batched.learn import Rollouts, RunUpdate, policy_kls, update_all
-from klppo.rl.batched.serve import check_group
+from klppo.rl.batched.serve import check_group, uses_numpy
 from klppo.rl.batched.stack import RunStack
+from klppo.rl.batched.torch_stack import TorchRunStack
 from klppo.rl.config import TrainConfig, validate
 from klppo.rl.envs import check_env
 from klppo.rl.lifecycle import read_run_config
@@ -47,8 +50,9 @@ class BatchedGroup:
     """The runs of one stack and one iteration of each of them at a time (see the module
     docstring); ``trainers[i]`` is stack row ``rows[i]``."""
 
-    def __init__(self, stack: RunStack, trainers: list[Any], rows: list[int]) -> None:
-        self.stack, self.trainers, self.rows = stack, trainers, rows
+    def __init__(self, stack: RunStack | TorchRunStack, ops: Any, trainers: list[Any],
+                 rows: list[int]) -> None:
+        self.stack, self.ops, self.trainers, self.rows = stack, ops, trainers, rows
         self.ws = mlp.Workspace()
         self.rollouts = Rollouts()
         self.obs: dict[str, Any] = {}
@@ -66,7 +70,7 @@ class BatchedGroup:
             tr.learner.set_lr(lrs[r])
         t0 = time.perf_counter()
         out: dict[int, Any] = collect_all(self.stack, {r: tr.collector for r, tr in trs.items()},
-                                          its, self.obs)                        # 1. collect
+                                          its, self.obs, self.ops)              # 1. collect
         episodes = {r: e for r, e in out.items() if not isinstance(e, BaseException)}
         for r in episodes:
             trs[r].global_step += trs[r].cfg.batch_size
@@ -107,8 +111,8 @@ class BatchedGroup:
                 out[r] = e
         if not updates:
             return out
-        results = update_all(self.stack, updates, self.rollouts, self.ws)
-        kls = policy_kls(self.stack, updates, self.rollouts, self.ws)
+        results = update_all(self.stack, updates, self.rollouts, self.ws, self.ops)
+        kls = policy_kls(self.stack, updates, self.rollouts, self.ws, self.ops)
         for u, res, kl in zip(updates, results, kls):
             if isinstance(res, BaseException):
                 out[u.row] = res
@@ -126,7 +130,15 @@ def _meta(runs: int) -> dict[str, Any]:
     return {"engine": {"name": "batched", "runs": runs}}
 
 
-def _run(stack: RunStack, opened: list[tuple[int, Any, RunLife]],
+def _stack(cfg: TrainConfig, runs: int) -> tuple[RunStack | TorchRunStack, Any]:
+    """A group's stack and its step module: numpy where the fast path serves the runs (as
+    :func:`klppo.rl.backends.make_backend` chooses), else torch on ``cfg.device``."""
+    if uses_numpy(cfg):
+        return RunStack(runs), numpy_step
+    return TorchRunStack(runs, cfg.device), torch_step
+
+
+def _run(stack: RunStack | TorchRunStack, ops: Any, opened: list[tuple[int, Any, RunLife]],
          on_iteration: OnIteration) -> dict[int, tuple[str, str | None]]:
     """Iterate the opened runs ``(row, trainer, life)`` together; each row's end state and
     error."""
@@ -134,7 +146,7 @@ def _run(stack: RunStack, opened: list[tuple[int, Any, RunLife]],
         return {}
     rows = [r for r, _, _ in opened]
     trainers = [tr for _, tr, _ in opened]
-    group = BatchedGroup(stack, trainers, rows)
+    group = BatchedGroup(stack, ops, trainers, rows)
     states, errors = run_group(trainers, [life for _, _, life in opened], group.iterate,
                                lambda i: M.MetricsWriter(_sinks(trainers[i].cfg,
                                                                 opened[i][2].run_dir)),
@@ -170,7 +182,7 @@ def train_group(run_dirs: list[str | Path], on_iteration: OnIteration = None
     if not configs:
         return _results(dirs, {})
     check_group(list(configs.values()), [str(dirs[r]) for r in configs])
-    stack = RunStack(len(dirs))
+    stack, ops = _stack(next(iter(configs.values())), len(dirs))
     opened: list[tuple[int, Any, RunLife]] = []
     busy: list[R.DirBusyError] = []
     with compute_threads(next(iter(configs.values())).torch_threads) as threads:
@@ -190,7 +202,7 @@ def train_group(run_dirs: list[str | Path], on_iteration: OnIteration = None
         except BaseException:
             _abandon(opened)
             raise
-        results = _results(dirs, _run(stack, opened, on_iteration))
+        results = _results(dirs, _run(stack, ops, opened, on_iteration))
     if busy:
         raise busy[0]
     return results
@@ -214,7 +226,7 @@ def train_batched(configs: list[TrainConfig], on_iteration: OnIteration = None
         check_env(c.env, c.env_kwargs, c.objective, c.rollout.env_backend)
     check_group(configs, [f"run {i} ({c.env}, {c.objective}, seed {c.seed})"
                           for i, c in enumerate(configs)])
-    stack = RunStack(len(configs))
+    stack, ops = _stack(configs[0], len(configs))
     opened: list[tuple[int, Any, RunLife]] = []
     with compute_threads(configs[0].torch_threads) as threads:
         try:
@@ -225,4 +237,5 @@ def train_batched(configs: list[TrainConfig], on_iteration: OnIteration = None
         except BaseException:
             _abandon(opened)
             raise
-        return _results([life.run_dir for _, _, life in opened], _run(stack, opened, on_iteration))
+        return _results([life.run_dir for _, _, life in opened],
+                        _run(stack, ops, opened, on_iteration))

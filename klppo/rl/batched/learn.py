@@ -21,8 +21,7 @@ from klppo.core._checks import validation
 from klppo.core.advantages import normalize_advantage
 from klppo.nn.numpy import mlp
 from klppo.nn.step import StepResult
-from klppo.rl.batched.stack import RunStack
-from klppo.rl.batched.step import Minibatch, stacked_policy_kl, stacked_step
+from klppo.rl.batched.step import Minibatch
 from klppo.rl.update import Batch, Schedule, UpdateResult
 
 __all__ = ["RunUpdate", "Rollouts", "update_all", "policy_kls"]
@@ -110,10 +109,10 @@ class Rollouts:
                          g["returns"], g["values"])
 
 
-def update_all(stack: RunStack, updates: list[RunUpdate], rollouts: Rollouts,
-               ws: mlp.Workspace) -> list[UpdateResult | BaseException]:
-    """Every run's update (see the module docstring); per run its result, or the error that
-    stopped it (a non-finite loss)."""
+def update_all(stack: Any, updates: list[RunUpdate], rollouts: Rollouts, ws: mlp.Workspace,
+               ops: Any) -> list[UpdateResult | BaseException]:
+    """Every run's update (see the module docstring) with the stack's step module ``ops``; per
+    run its result, or the error that stopped it (a non-finite loss)."""
     rollouts.fill(stack.R, updates)
     cfg = updates[0].learner.cfg.ppo  # the group shares epochs, batch and minibatch sizes
     B, size = len(updates[0].batch), cfg.minibatch_size
@@ -128,7 +127,7 @@ def update_all(stack: RunStack, updates: list[RunUpdate], rollouts: Rollouts,
                 stepping = [u for u in active if u.in_epoch and not _skips(u, start, size)]
                 if not stepping:
                     break
-                _step(stack, stepping, start, size, rollouts, ws)
+                _step(stack, stepping, start, size, rollouts, ws, ops)
             for u in active:
                 u.end_epoch()
         out: list[UpdateResult | BaseException] = []
@@ -149,24 +148,24 @@ def _skips(u: RunUpdate, start: int, size: int) -> bool:
     return False
 
 
-def _step(stack: RunStack, stepping: list[RunUpdate], start: int, size: int,
-          rollouts: Rollouts, ws: mlp.Workspace) -> None:
+def _step(stack: Any, stepping: list[RunUpdate], start: int, size: int,
+          rollouts: Rollouts, ws: mlp.Workspace, ops: Any) -> None:
     rows = np.array([u.row for u in stepping])
     idx = np.stack([u.perm[start:start + size].numpy() for u in stepping])
-    results = stacked_step(stack, rows, rollouts.minibatch(rows, idx),
-                           [u.learner.loss for u in stepping], [u.sched.beta() for u in stepping],
-                           ws)
+    results = ops.stacked_step(stack, rows, rollouts.minibatch(rows, idx),
+                               [u.learner.loss for u in stepping],
+                               [u.sched.beta() for u in stepping], ws)
     for u, r in zip(stepping, results):
         u.steps.append(r)
         u.sched.after_step(r, size)
 
 
-def policy_kls(stack: RunStack, updates: list[RunUpdate], rollouts: Rollouts,
-               ws: mlp.Workspace) -> list[float]:
+def policy_kls(stack: Any, updates: list[RunUpdate], rollouts: Rollouts,
+               ws: mlp.Workspace, ops: Any) -> list[float]:
     """Each run's rollout KL after its update (:meth:`Learner.end_iteration`'s), from one
     stacked forward."""
     rows = np.array([u.row for u in updates])
     obs, params = rollouts.arrays["obs"], rollouts.arrays["params"]
     if len(rows) != stack.R:
         obs, params = obs[rows], params[rows]
-    return stacked_policy_kl(stack, rows, obs, params, ws)
+    return ops.stacked_policy_kl(stack, rows, obs, params, ws)
