@@ -6,16 +6,30 @@ its checkpoint is the ordinary engine's format and resumes there; the group shar
 
 import dataclasses
 import math
+import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from klppo import rl
-from klppo.rl.batched import train_batched
+from klppo.rl.batched import train_batched, train_group
 from klppo.rl.batched.engine import _stack
 from klppo.rl.batched.torch_stack import TorchRunStack
-from tests.rl.test_batched import CARTPOLE, PENDULUM, checkpoint, config, pendulum, strip
+from tests.rl.test_batched import (
+    CARTPOLE,
+    PENDULUM,
+    ROOT,
+    checkpoint,
+    config,
+    pendulum,
+    same_state,
+    strip,
+)
+from tests.waiting import wait_for_lines
 
 CHECKED = ("loss", "loss_objective", "loss_critic", "kl", "rollout_kl", "approx_kl", "beta",
            "grad_norm", "episode_return")
@@ -89,3 +103,41 @@ def test_the_group_shares_one_stack_whose_rows_the_networks_view(tmp_path):
         for tr, life in opened:
             tr.close()
             life.lock.release()
+
+
+def test_sigkill_then_resume_of_a_torch_group_is_exact(tmp_path):
+    """A torch-stack group killed mid-run resumes (the same group) with the metrics and
+    checkpoint of an uninterrupted run."""
+    seeds = [0, 1]
+    full = train_batched([config(tmp_path / f"full{s}", seed=s, objective="kl_penalty",
+                                 steps=4096, checkpoint_every=2, fast_path=False)
+                          for s in seeds])
+    dirs = [tmp_path / f"killed{s}" for s in seeds]
+    code = f"""
+import dataclasses, klppo.rl as rl
+from klppo.rl.batched import train_batched, train_group
+def c(out, s):
+    x = rl.preset("klip/cartpole")
+    return dataclasses.replace(x, out=out, seed=s, objective="kl_penalty", total_steps=4096,
+                               tensorboard=False, checkpoint_every=2, fast_path=False)
+train_batched([c(d, s) for d, s in zip({[str(d) for d in dirs]!r}, {seeds!r})])
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    wait_for_lines(dirs[0] / "metrics.jsonl", 3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 3 <= len((dirs[0] / "metrics.jsonl").read_text().splitlines()) < 8
+    for r, f in zip(train_group(dirs), full):
+        assert r.status == "finished" and strip(r.metrics) == strip(f.metrics)
+        same_state(checkpoint(r.run_dir), checkpoint(f.run_dir))
+
+
+def test_a_torch_runs_numbers_do_not_depend_on_its_group(tmp_path):
+    """Same seed, same metrics, alone or beside others (on the CPU: a run stepping alone is
+    padded, since bmm's backward for a batch of one rounds otherwise)."""
+    seen = []
+    for g, seeds in enumerate([[0], [0, 1], [2, 0, 1]]):
+        res = train_batched([config(tmp_path / f"g{g}s{s}", seed=s, steps=1536,
+                                    fast_path=False) for s in seeds])
+        seen.append(strip(res[seeds.index(0)].metrics))
+    assert seen[0] == seen[1] == seen[2]

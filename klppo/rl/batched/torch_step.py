@@ -67,10 +67,14 @@ def stacked_step(stack: TorchRunStack, rows: np.ndarray, mb: Minibatch, losses: 
     stack's workspace)."""
     dev, slots = stack.device, [stack.slots[r] for r in rows]
     r_idx = torch.as_tensor(rows, device=dev)
-    W = stack.W[r_idx].requires_grad_(True)  # a copy of the stepping rows: the leaf
     f = {k: _dev(getattr(mb, k), dev) for k in ("obs", "actions", "params", "logp", "adv",
                                                 "returns", "values")}
-    params, values = _nets(stack, W, f["obs"])
+    # one row steps alone: pad it with a copy that has no loss, since torch's bmm backward
+    # for a batch of one rounds otherwise than for two or more (a run's numbers would then
+    # depend on how many runs step beside it)
+    lone = len(rows) == 1
+    W = stack.W[r_idx.repeat(2) if lone else r_idx].requires_grad_(True)  # the leaf: a copy
+    params, values = _nets(stack, W, f["obs"].repeat(2, 1, 1) if lone else f["obs"])
     total, outs = W.new_zeros(()), []
     for a, (slot, loss) in enumerate(zip(slots, losses)):
         head, needs_kl = slot.head, loss.needs_analytic_kl
@@ -85,7 +89,7 @@ def stacked_step(stack: TorchRunStack, rows: np.ndarray, mb: Minibatch, losses: 
         total = total + out["loss"]
         outs.append((logp, entropy, kl, out))
     (G,) = torch.autograd.grad(total, W)
-    norms = stack.adam.step(stack.W, G, r_idx)
+    norms = stack.adam.step(stack.W, G[:len(rows)], r_idx)
     results = []
     for a, (logp, entropy, kl, out) in enumerate(outs):
         terms = {k: _cpu(out[k]) for k in _TERMS if k in out}
