@@ -1,0 +1,100 @@
+"""The batched engine's torch stack on a device against its numpy stack on the CPU: where the time goes.
+
+Usage: python benchmarks/bench_batched_device.py --device cuda [--runs 20 100] [--steps 4096]
+                                                 [--preset klip/hopper]
+
+For each R in ``--runs``, trains R runs (the preset, seeds 0..R-1, objective clip) in one process
+twice, each in a fresh process with one CPU thread: the numpy stack (the fast path, on the CPU)
+and the torch stack on ``--device`` (``fast_path: false``). Each phase of the training loop is
+timed by wrapping the engine's own functions (the device synchronised after each call): the
+stacked policy forward of the rollout, the runs' action sampling, the env steps with the buffer
+writes (``Collector.record``), the minibatch steps, the rollout KLs; "other" is the rest of the
+loop (advantages, diagnostics, controllers, metrics and checkpoints). Prints per stack the loop's
+summed env-steps per second and the seconds in each phase. Needs the env's extra (mujoco for
+klip/hopper); ``--device cpu`` runs the torch stack on the CPU (e.g. to try the script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+
+from _proc import run
+
+CHILD = """
+import collections, dataclasses, json, logging, time
+import torch
+import klppo.rl as rl
+from klppo.nn.numpy.runner import NumpyRunner
+from klppo.nn.runners import TorchRunner
+from klppo.rl.batched import step as numpy_step, torch_step, train_batched
+from klppo.rl.rollout import Collector
+logging.disable(logging.WARNING)
+device, fast = {device!r}, {fast!r}
+sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+spent = collections.Counter()
+
+def timed(name, fn):
+    def wrapper(*a, **k):
+        t = time.perf_counter()
+        out = fn(*a, **k)
+        sync()
+        spent[name] += time.perf_counter() - t
+        return out
+    return wrapper
+
+for mod in (numpy_step, torch_step):
+    mod.stacked_act = timed("forward", mod.stacked_act)
+    mod.stacked_step = timed("minibatch_steps", mod.stacked_step)
+    mod.stacked_policy_kl = timed("rollout_kl", mod.stacked_policy_kl)
+for cls in (NumpyRunner, TorchRunner):
+    cls.sample = timed("sampling", cls.sample)
+Collector.record = timed("env_step", Collector.record)
+
+def cfg(seed):
+    c = rl.preset({preset!r})
+    return dataclasses.replace(c, seed=seed, objective="clip", total_steps={steps},
+                               tensorboard=False, fast_path=fast, device=device,
+                               out=f"{root}/run{{seed}}")
+res = train_batched([cfg(s) for s in range({runs})])
+assert all(r.status == "finished" for r in res), [r.status for r in res]
+loop = max(r.metrics[-1]["time_elapsed"] for r in res)
+steps = sum(r.metrics[-1]["global_step"] for r in res)
+print("RESULT", json.dumps({{"loop": loop, "steps": steps, **spent}}).replace(" ", ""))
+"""
+
+PHASES = ("forward", "sampling", "env_step", "minibatch_steps", "rollout_kl")
+LABELS = ("forward (rollout)", "sampling", "env step + buffer", "minibatch steps", "rollout KL")
+
+
+def measure(preset: str, runs: int, steps: int, device: str, fast: bool) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as root:
+        _, fields = run(CHILD.format(preset=preset, runs=runs, steps=steps, device=device,
+                                     fast=fast, root=root))
+    return json.loads(fields[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--runs", type=int, nargs="+", default=[20, 100])
+    ap.add_argument("--steps", type=int, default=4096, help="env steps per run")
+    ap.add_argument("--preset", default="klip/hopper")
+    args = ap.parse_args()
+    print(f"{args.preset}: R runs x {args.steps} steps (clip), one process per stack, one CPU "
+          f"thread; seconds of the training loop")
+    head = ["R", "stack", "steps/s", "loop s", *LABELS, "other"]
+    print(" | ".join(head))
+    for R in args.runs:
+        for name, device, fast in (("numpy cpu", "cpu", True),
+                                   (f"torch {args.device}", args.device, False)):
+            r = measure(args.preset, R, args.steps, device, fast)
+            other = r["loop"] - sum(r.get(p, 0.0) for p in PHASES)
+            cells = [str(R), name, f"{r['steps'] / r['loop']:.0f}", f"{r['loop']:.1f}",
+                     *(f"{r.get(p, 0.0):.1f}" for p in PHASES), f"{other:.1f}"]
+            print(" | ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
