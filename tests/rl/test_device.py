@@ -66,3 +66,22 @@ def test_cuda_with_the_fast_path_stays_on_cpu_and_says_so(tmp_path, caplog):
     res = rl.train(small(tmp_path / "r", device="cuda"))
     assert res.status == "finished" and "numpy fast path runs on the CPU" in caplog.text
     assert json.loads((tmp_path / "r" / "status.json").read_text())["state"] == "finished"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (run on the device machine)")
+def test_the_batched_torch_stack_trains_on_cuda_and_follows_the_ordinary_runs(tmp_path):
+    """The batched engine's torch stack on the GPU: its runs follow the same runs trained
+    alone on the GPU (to float rounding), and their checkpoints resume in the ordinary engine."""
+    from klppo.rl.batched import train_batched
+
+    cfgs = [small(tmp_path / f"b{s}", device="cuda", fast_path=False, seed=s,
+                  objective=obj, total_steps=2048)
+            for s, obj in ((0, "clip"), (1, "kl_penalty"), (2, "sapo"))]
+    batched = train_batched(cfgs)
+    for c, b in zip(cfgs, batched):
+        o = rl.train(dataclasses.replace(c, out=str(tmp_path / f"o{c.seed}")))
+        assert b.status == o.status == "finished"
+        for mb, mo in list(zip(b.metrics, o.metrics))[:2]:
+            assert mb["loss"] == pytest.approx(mo["loss"], rel=1e-3, abs=1e-5)
+    longer = rl.resume(batched[0].run_dir, total_steps=2560)
+    assert longer.status == "finished"
