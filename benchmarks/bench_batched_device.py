@@ -1,4 +1,4 @@
-"""The batched engine's torch stack on a device against its numpy stack on the CPU: where the time goes.
+"""The batched engine's torch stack on a device against its numpy stack on the CPU: where time goes.
 
 Usage: python benchmarks/bench_batched_device.py --device cuda [--runs 20 100] [--steps 4096]
                                                  [--preset klip/hopper]

@@ -172,6 +172,8 @@ class Objective:
     knobs: ClassVar[dict[str, float | None]] = {}  # Knobs it reads -> its default
     level: ClassVar[Literal["token", "sequence"]] = "token"
     needs_probabilities: ClassVar[bool] = False  # reads exp(logp) as a probability
+    #: the unit of the divergence its controller measures (a KL unless the objective says not)
+    penalty_unit: ClassVar[str] = "nats per sample"
 
     def __init__(self, band: Band = Band(), shape: ShapeSpec = ShapeSpec(),
                  kl_estimator: str = "analytic", knobs: Knobs = Knobs()) -> None:

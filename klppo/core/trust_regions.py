@@ -157,17 +157,23 @@ class RatioVariance(Objective):
     name = "r2vpo"
     band_knobs = ()
     uses_beta = True
+    penalty_unit = "ratio variance per sample (unitless)"
 
     def term(self, ratio, logp_new, logp_old, advantage, kl, beta, want_beta=True):
         w = ratio.detach()
-        obj = ratio * advantage - beta * (ratio - 1) ** 2
-        bt = -2 * beta * w * (w - 1) if want_beta else None
+        if beta == 0:  # the multiplier at its floor: no penalty (no 0 * inf for a huge ratio)
+            obj, bt = ratio * advantage, torch.zeros_like(w) if want_beta else None
+        else:
+            obj = ratio * advantage - beta * (ratio - 1) ** 2
+            bt = -2 * beta * w * (w - 1) if want_beta else None
         return PolicyTerm(obj, bt, (w - 1) ** 2)
 
     def closed_form(self, w, a, wa, logp, log_w, kl, beta, logp_old=None):
-        b = np.float32(beta)
         dev = w - np.float32(1)
         pen = dev * dev
+        if beta == 0:
+            return ClosedForm(wa.copy(), wa.copy(), None, pen, np.zeros_like(wa))
+        b = np.float32(beta)
         bt = np.float32(-2) * b * w * dev
         return ClosedForm(wa - b * pen, wa + bt, None, pen, bt)
 

@@ -5,9 +5,9 @@ all once, early, and raises :class:`~klppo.runs.errors.ConfigError` naming the f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from klppo.core.controllers import CONTROLLERS
+from klppo.core.controllers import CONTROLLERS, is_fixed_fallback
 from klppo.core.loss import OBJECTIVES
 from klppo.core.surrogates import SHAPES, SOFT_SHAPES
 from klppo.rl import bounds
@@ -109,6 +109,12 @@ def _validate_kl(cfg: TrainConfig) -> None:
     if not (k.monitor_high > 1 and 0 < k.monitor_low < 1 and k.monitor_patience >= 1):
         raise _bad("kl.monitor_high/low/patience", (k.monitor_high, k.monitor_low,
                    k.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
+    from klppo.rl.config import Cadence, KLMeasure
+
+    for name, value, allowed in (("kl.cadence", k.cadence, get_args(Cadence)),
+                                 ("kl.measure", k.measure, get_args(KLMeasure))):
+        if value not in allowed:
+            raise _bad(name, value, f"must be one of {list(allowed)}")
     check_actuator(cfg)  # before the controller's timing: it names what an actuator ignores
     check_band_controller(cfg)
     if k.measure == "rollout" and k.cadence != "iteration":
@@ -116,10 +122,12 @@ def _validate_kl(cfg: TrainConfig) -> None:
                    "use kl.cadence iteration")
     if k.measure == "epoch_mean" and k.cadence == "minibatch":
         raise _bad("kl.measure", k.measure, "an epoch mean needs kl.cadence epoch or iteration")
-    if cfg.objective == "r2vpo" and k.measure == "rollout" and k.controller != "fixed":
+    if cfg.objective == "r2vpo" and k.measure == "rollout" and not (
+            k.controller == "fixed" or is_fixed_fallback(k.controller, k.controller_options())):
         raise _bad("kl.measure", k.measure, "r2vpo's multiplier follows the ratio variance its "
-                   "penalty measures, and the rollout KL is a KL: use kl.measure last or "
-                   "epoch_mean (with kl.cadence minibatch or epoch), or kl.controller fixed")
+                   "penalty measures, and the rollout KL is a KL: use kl.measure "
+                   "last_minibatch (any cadence) or epoch_mean (cadence epoch or iteration), "
+                   "or kl.controller fixed")
     if cfg.net.separate_losses and not cfg.net.shared_trunk:
         raise _bad("net.separate_losses", True, "only applies with net.shared_trunk")
     try:  # the controller validates its own options (names the bad one)

@@ -58,7 +58,7 @@ class PolicyUnit:
         self.controller = make_controller(k.controller, **k.controller_options())
         self.uses_beta = loss.policy.uses_beta
         self.kl_monitor = KLMonitor(self.controller.target, k.monitor_high, k.monitor_low,
-                                    k.monitor_patience, "nats per sample")
+                                    k.monitor_patience, loss.policy.penalty_unit)
         self._say_what_the_choices_mean(loss)
         self.obs_norm = ObsNormalizer((obs_dim,), r.clip_obs) if r.norm_obs else None
         self.rew_scale = (RewardScaler(num_columns, cfg.ppo.gamma, r.clip_reward)
@@ -80,7 +80,9 @@ class PolicyUnit:
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         return {
-            "agent": self.agent.state_dict(),
+            # copies: a parameter may view a larger buffer (the batched engine's torch stack),
+            # and torch.save writes a view's whole storage
+            "agent": {k: v.clone() for k, v in self.agent.state_dict().items()},
             "optimizer": self.learner.backend.state_dict(),
             "controller": self.controller.state_dict(),
             "shuffle_generator": self.learner.gen.get_state(),

@@ -163,6 +163,21 @@ def test_r2vpo_is_the_lagrangian_of_the_ratio_variance_constraint(lam, delta):
     assert bool((term.beta_t[w0 == 1] == 0).all())  # no brake at w = 1
 
 
+def test_r2vpo_at_the_multipliers_floor_is_finite_for_any_ratio():
+    """lambda = 0 (where the projected dual step often sits): no penalty, so a ratio whose
+    (w - 1)^2 overflows float32 gives no 0 * inf; the closed form agrees."""
+    obj = make_objective("r2vpo")
+    lo = torch.tensor([-50.0, -90.0, -1.0])
+    x = torch.tensor([-5.0, -10.0, -1.0], requires_grad=True)  # log w = 45, 80, 0: w finite
+    adv = torch.tensor([1e-20, -1e-30, 1.0])
+    term = obj.term(torch.exp(x - lo), x, lo, adv, None, 0.0)
+    assert bool(torch.isfinite(term.objective).all()) and bool((term.beta_t == 0).all())
+    w = torch.exp(x - lo).detach().numpy()
+    form = obj.closed_form(w, adv.numpy(), w * adv.numpy(), x.detach().numpy(),
+                           (x - lo).detach().numpy(), None, 0.0)
+    assert np.isfinite(form.value).all() and np.array_equal(form.d_logp, w * adv.numpy())
+
+
 def test_r2vpo_dual_ascent_is_the_pid_controller_with_only_an_integral():
     """The projected dual step lambda <- max(0, lambda + eta (v - delta)), transcribed here,
     equals klppo's PID controller with kp = kd = 0 and ki = eta, on a sequence of measured

@@ -141,3 +141,13 @@ def test_a_torch_runs_numbers_do_not_depend_on_its_group(tmp_path):
                                     fast_path=False) for s in seeds])
         seen.append(strip(res[seeds.index(0)].metrics))
     assert seen[0] == seen[1] == seen[2]
+
+
+def test_a_torch_runs_checkpoint_holds_its_own_weights_only(tmp_path):
+    """The parameters view one stack of every run's weights; the checkpoint must not carry the
+    whole stack (torch.save writes a view's storage)."""
+    res = train_batched(torch_runs(config, CARTPOLE[:3], tmp_path, "c"))
+    own = sum(t.numel() for t in checkpoint(res[0].run_dir)["agent"].values())
+    for t in checkpoint(res[0].run_dir)["agent"].values():
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    assert (res[0].run_dir / "checkpoint.pt").stat().st_size < 4 * own * 4 + 200_000

@@ -43,7 +43,7 @@ def _r2vpo(tmp_path, **kl):
 def test_r2vpo_dual_ascent_trains_on_the_ratio_variance(tmp_path):
     """R2VPO's multiplier is the PID controller's integral fed each minibatch's mean
     (w - 1)^2 (logged as kl_penalty); it moves, and stays >= 0."""
-    res = rl.train(_r2vpo(tmp_path, cadence="minibatch", measure="last"))
+    res = rl.train(_r2vpo(tmp_path, cadence="minibatch", measure="last_minibatch"))
     betas = [m["beta"] for m in res.metrics]
     assert all(b >= 0 for b in betas) and betas[-1] != 0.5
     assert all(0 <= m["kl_penalty"] < 1 for m in res.metrics)
@@ -54,4 +54,15 @@ def test_r2vpo_refuses_to_drive_its_multiplier_with_the_rollout_kl(tmp_path):
 
     with pytest.raises(ConfigError, match=r"^kl.measure='rollout': r2vpo"):
         rl.train(_r2vpo(tmp_path))
+    assert not (tmp_path / "run").exists()
+
+
+def test_kl_cadence_and_measure_values_are_checked(tmp_path):
+    from klppo.runs.errors import ConfigError
+
+    base = _r2vpo(tmp_path)
+    for field, value in (("measure", "last"), ("cadence", "step")):
+        bad = dataclasses.replace(base, kl=dataclasses.replace(base.kl, **{field: value}))
+        with pytest.raises(ConfigError, match=rf"^kl.{field}='{value}': must be one of"):
+            rl.train(bad)
     assert not (tmp_path / "run").exists()

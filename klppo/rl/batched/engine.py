@@ -36,6 +36,7 @@ from klppo.rl.trainer import TrainResult, _sinks, open_existing, open_new
 from klppo.rl.unit import episode_means, learning_rate
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
+from klppo.runs.device import resolve_device
 from klppo.runs.errors import RunFailed, UserInputError
 from klppo.runs.group import run_group
 from klppo.runs.lifecycle import OnIteration, RunLife
@@ -132,9 +133,17 @@ def _meta(runs: int) -> dict[str, Any]:
 
 def _stack(cfg: TrainConfig, runs: int) -> tuple[RunStack | TorchRunStack, Any]:
     """A group's stack and its step module: numpy where the fast path serves the runs (as
-    :func:`klppo.rl.backends.make_backend` chooses), else torch on ``cfg.device``."""
+    :func:`klppo.rl.backends.make_backend` chooses, and saying what it says), else torch on
+    ``cfg.device``."""
+    dev = resolve_device(cfg.device)
     if uses_numpy(cfg):
+        if dev.type != "cpu":
+            log.warning("device %s: the numpy fast path runs on the CPU; add --no-fast-path "
+                        "to train on %s with torch", dev, dev)
         return RunStack(runs), numpy_step
+    if cfg.fast_path:
+        log.warning("numpy fast path off: objective %r or its band has no closed form; the "
+                    "batched engine stacks these runs with torch", cfg.objective)
     return TorchRunStack(runs, cfg.device), torch_step
 
 
