@@ -24,7 +24,7 @@ from klppo.nn.numpy.heads import Categorical, Gaussian
 from klppo.nn.step import StepBackend
 from klppo.rl.config import PPOConfig
 
-__all__ = ["RunStack", "SlotBackend", "Layout"]
+__all__ = ["RunStack", "SlotBackend", "RowSlot", "Layout"]
 
 Span = tuple[int, int]
 Layer = tuple[np.ndarray, np.ndarray]
@@ -61,22 +61,14 @@ class Layout:
         return Gaussian(row[s:e], None if grad_row is None else grad_row[s:e])
 
 
-class SlotBackend(StepBackend):
-    """Run r's step backend in the stack: its learning rate and Adam state, and the k3 early-stop
-    check on its own network (:meth:`StepBackend.k3`). The stack steps all runs at once, so
-    ``step`` and ``policy_kl`` belong to the engine (:mod:`klppo.rl.batched.step`)."""
+class RowSlot(StepBackend):
+    """What a run's step backend in any stack is: its row's learning rate and Adam state (the
+    stack's ``adam``: ``set_lr``, ``row_state``, ``load_row``) and the k3 early-stop check on
+    its own network (:meth:`StepBackend.k3`). The stack steps all runs at once, so ``step`` and
+    ``policy_kl`` belong to the engine."""
 
-    fast = True
-    device = torch.device("cpu")
-
-    def __init__(self, stack: RunStack, row: int, agent: ActorCritic, loss: PPOLoss,
-                 weights: Any) -> None:
-        self.stack, self.row, self.agent, self.loss = stack, row, agent, loss
-        self.weights = weights  # the run's flat weights: its row of the stack
-
-    def begin(self, batch: Any, adv: torch.Tensor) -> None:
-        """Keep the rollout for the early-stop check of this update."""
-        self.batch, self.adv = batch, adv
+    stack: Any
+    row: int
 
     def set_lr(self, lr: float) -> None:
         self.stack.adam.set_lr(self.row, lr)
@@ -89,10 +81,26 @@ class SlotBackend(StepBackend):
 
     def step(self, idx: torch.Tensor, beta: float) -> Any:
         raise RuntimeError("a run of the batched engine steps with its stack "
-                           "(klppo.rl.batched.step), not alone")
+                           "(klppo.rl.batched.step or torch_step), not alone")
 
     def policy_kl(self, batch: Any) -> float:
         raise RuntimeError("a run of the batched engine measures its rollout KL with its stack")
+
+
+class SlotBackend(RowSlot):
+    """Run r's step backend in the numpy stack (see :class:`RowSlot`)."""
+
+    fast = True
+    device = torch.device("cpu")
+
+    def __init__(self, stack: RunStack, row: int, agent: ActorCritic, loss: PPOLoss,
+                 weights: Any) -> None:
+        self.stack, self.row, self.agent, self.loss = stack, row, agent, loss
+        self.weights = weights  # the run's flat weights: its row of the stack
+
+    def begin(self, batch: Any, adv: torch.Tensor) -> None:
+        """Keep the rollout for the early-stop check of this update."""
+        self.batch, self.adv = batch, adv
 
 
 class RunStack:

@@ -21,8 +21,7 @@ import torch
 
 from klppo.core.loss import PPOLoss
 from klppo.nn.actor_critic import ActorCritic
-from klppo.nn.step import StepBackend
-from klppo.rl.batched.stack import Layout
+from klppo.rl.batched.stack import Layout, RowSlot
 from klppo.rl.config import PPOConfig
 from klppo.runs.device import resolve_device
 
@@ -61,6 +60,9 @@ class StackedAdam:
         W[rows] = W[rows] - step * m / denom
         return norms
 
+    def set_lr(self, r: int, lr: float) -> None:
+        self.lr[r] = float(lr)
+
     def row_state(self, r: int) -> dict[str, Any]:
         """Row ``r``'s state in :meth:`ClippedAdam.state_dict`'s format."""
         return {"lr": float(self.lr[r]), "m": self.m[r].cpu().numpy().copy(),
@@ -77,10 +79,9 @@ class StackedAdam:
         self.t[r] = int(s["t"])
 
 
-class TorchSlot(StepBackend):
-    """Run r's step backend in a torch stack: its learning rate and Adam state, its rollout on
-    the stack's device, and the k3 early-stop check on its own network. The stack steps all
-    runs at once (:mod:`klppo.rl.batched.torch_step`)."""
+class TorchSlot(RowSlot):
+    """Run r's step backend in a torch stack (see :class:`~klppo.rl.batched.stack.RowSlot`),
+    its rollout on the stack's device."""
 
     fast = False
 
@@ -91,22 +92,6 @@ class TorchSlot(StepBackend):
 
     def begin(self, batch: Any, adv: torch.Tensor) -> None:
         self.batch, self.adv = batch.to(self.device), adv.to(self.device)
-
-    def set_lr(self, lr: float) -> None:
-        self.stack.adam.lr[self.row] = float(lr)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.stack.adam.row_state(self.row)
-
-    def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.stack.adam.load_row(self.row, s)
-
-    def step(self, idx: torch.Tensor, beta: float) -> Any:
-        raise RuntimeError("a run of the batched engine steps with its stack "
-                           "(klppo.rl.batched.torch_step), not alone")
-
-    def policy_kl(self, batch: Any) -> float:
-        raise RuntimeError("a run of the batched engine measures its rollout KL with its stack")
 
 
 class TorchRunStack:
