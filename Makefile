@@ -32,7 +32,7 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''
 
-# ruff (with no print outside the CLI and docstrings in core/ and nn/) and mypy on klppo/core
+# ruff (with no print outside the CLI and docstrings in core/ and nn/) and mypy on all of klppo
 lint: $(STAMP)
 	$(BIN)/ruff check klppo tests benchmarks tools examples
 	$(BIN)/mypy

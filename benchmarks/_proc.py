@@ -8,11 +8,15 @@ import sys
 import time
 
 
-def run(code: str) -> tuple[float, list[str]]:
-    """Wall time (imports included) and the fields after ``RESULT`` on the last such line."""
+def run(code: str, pythonpath: str | None = None) -> tuple[float, list[str]]:
+    """Wall time (imports included) and the fields after ``RESULT`` on the last such line;
+    ``pythonpath`` puts another source tree's ``klppo`` first on the path."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")])
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=pythonpath or None)
     wall = time.perf_counter() - t
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])

@@ -55,6 +55,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         os.environ.setdefault("MUJOCO_GL", "egl")
     from klppo.rl.evaluate import RenderingUnavailable
 
+    reported: tuple[type[BaseException], ...] = (*REPORTED, RenderingUnavailable)
     try:
         runs = _runs(Path(args.run_dir), args.run)
         if runs is None:
@@ -64,7 +65,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             _evaluate(args, Path(args.run_dir), args.out, args.video)
             return 0
         return _eval_sweep(args, runs)
-    except (*REPORTED, RenderingUnavailable) as e:
+    except reported as e:
         say_error("eval", str(e))
         return exit_code(e)
 

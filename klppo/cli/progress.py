@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import IO, Any, Self
 
 __all__ = ["NumericWarnings", "one_line_warnings", "clock", "Part", "layout", "Eta", "Bar",
@@ -66,8 +67,9 @@ class NumericWarnings(list):
         warnings.showwarning = collect
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._cm.__exit__(*exc)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._cm.__exit__(exc_type, exc, tb)
 
     def suffix(self) -> str:
         return f" (numeric warnings: {'; '.join(self[:3])})" if self else ""
@@ -120,7 +122,7 @@ def layout(parts: Sequence[Part], width: int, bar_priority: int | None = None,
             if len(text) + (bar_min + 1 if bar else 0) <= width:
                 return (min(bar_max, width - len(text) - 1) if bar else 0), text
         alive = [(p.rank(i), -k) for k, (p, i) in enumerate(zip(parts, form)) if i is not None]
-        if bar:
+        if bar and bar_priority is not None:
             alive.append((bar_priority, 1))  # the bar outlasts a field of its priority
         if not alive:
             return 0, ""

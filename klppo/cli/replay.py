@@ -126,6 +126,8 @@ def _inputs(args: argparse.Namespace):
     _check_flags(args)
     check_writable(args.out)
     _check_out(args.out, args.force)
+    steps: list[float]
+    kl: list[float] | None
     if args.closed_loop:
         target = args.target or 0.02
         steps, kl = list(range(args.steps)), None

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from klppo.cli.errors import REPORTED, FlagError, fail, one_line
 from klppo.cli.flags import Once, name_arg, path_arg, yaml_value
 from klppo.cli.progress import Bar, Part, clock
 from klppo.runs.errors import InputError
+
+if TYPE_CHECKING:
+    from klppo.experiments.batching import Engine
+    from klppo.experiments.sweep import Backend
 
 DESCRIPTION = ("Run every condition of a sweep spec (YAML: preset, base, conditions, grid, "
                "seeds) or of the flags, for every seed, into OUT/runs/<name>, then print a "
@@ -45,18 +49,16 @@ def add_parser(sub) -> None:
                    help="local: a process pool on this machine (default); ray: one Ray task "
                         "per run, on the cluster at RAY_ADDRESS or a local Ray instance "
                         "(needs pip install 'klppo[ray]')")
-    p.add_argument("--workers", type=int, help="parallel runs (local; default: one per core); "
-                   "with --engine batched, parallel processes")
-    p.add_argument("--engine", choices=["process", "batched"], default="process",
-                   help="process: each run in a process of its own (default); batched: the runs "
-                        "of one env and network shape trained together in one process, each in "
-                        "its own run directory, the numbers of the process engine bit for bit "
-                        "on the numpy fast path (to float rounding on torch, --no-fast-path, "
-                        "e.g. on cuda); runs it cannot serve train in their own process, said "
-                        "in one line")
+    p.add_argument("--workers", type=int, help="parallel worker processes (local; default: one "
+                   "per core)")
+    p.add_argument("--engine", choices=["process", "batched"], default=None,
+                   help="batched (default): the runs that can share a group (same spaces, "
+                        "network, sizes, step library and device) train together, one group per "
+                        "worker and shape, each run in its own directory with the numbers it "
+                        "has alone; process: each run in a process of its own")
     p.add_argument("--group-size", type=int, default=None, metavar="N",
-                   help="with --engine batched: at most N runs per process (default: all the "
-                        "runs that can share one)")
+                   help="with --engine batched: at most N runs per process (default: a shape's "
+                        "runs spread evenly over the workers)")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -100,12 +102,14 @@ def spec_from_args(args: argparse.Namespace):
             spec.conditions = {o: {"objective": o} for o in args.objectives}
     if args.seeds is not None:
         spec.seeds = list(args.seeds)
-    spec.base, sets = dict(spec.base or {}), {}
+    sets: dict[str, Any] = {}
+    spec.base = dict(spec.base or {})
     for item in args.set:
         key, val = _key_value("--set", item, "FIELD=VALUE")
         _once("--set", item, key, sets)
         spec.base[key] = sets[key] = _value("--set", item, val)
-    spec.grid, grids = dict(spec.grid or {}), {}
+    grids: dict[str, Any] = {}
+    spec.grid = dict(spec.grid or {})
     for item in args.grid:
         key, vals = _key_value("--grid", item, "FIELD=V1,V2")
         if any(not v.strip() for v in vals.split(",")):
@@ -116,14 +120,14 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def check_run_flags(workers: int | None, out: str, max_runs: int | None = None,
-                    group_size: int | None = None, engine: str = "process") -> None:
+                    group_size: int | None = None, engine: str | None = None) -> None:
     """FlagError for a worker count, run limit or group size below 1, a group size without the
     batched engine, or an --out that is a file."""
     if workers is not None and workers < 1:
         raise FlagError(f"--workers={workers}: must be >= 1 (parallel runs)")
     if group_size is not None and group_size < 1:
         raise FlagError(f"--group-size={group_size}: must be >= 1 (runs per process)")
-    if group_size is not None and engine != "batched":
+    if group_size is not None and engine == "process":
         raise FlagError(f"--group-size={group_size}: applies to --engine batched only")
     if max_runs is not None and max_runs < 1:
         raise FlagError(f"--max-runs={max_runs}: must be >= 1")
@@ -195,22 +199,30 @@ def _summary(res, out: str) -> int:
     return 1 if res.unfinished else 0
 
 
-def run_and_summarise(spec, out: str, backend: str, workers: int | None,
-                      max_runs: int | None = None, engine: str = "process",
+def run_and_summarise(spec, out: str, backend: Backend, workers: int | None,
+                      max_runs: int | None = None, engine: Engine | None = None,
                       group_size: int | None = None) -> int:
     """Run the sweep ``spec`` into ``out`` with a line per run; :func:`_summary`'s exit code."""
-    from klppo.experiments.sweep import MAX_RUNS, check_envs, expand, plan_groups, run_sweep
+    from klppo.experiments.sweep import (
+        MAX_RUNS,
+        check_envs,
+        expand,
+        plan_groups,
+        run_sweep,
+        worker_count,
+    )
 
     limit = max_runs or MAX_RUNS
     plans = expand(spec, limit)
     check_envs(plans)  # before the first line: a refused sweep prints only its reason
-    groups, _ = plan_groups(plans, engine, group_size)
+    engine = "batched" if engine is None else engine
+    groups, _ = plan_groups(plans, engine, group_size, worker_count(workers))
     n = len(plans)
     how = f"backend {backend}"
     if engine == "batched":
         batched = sum(len(g) for g in groups if len(g) > 1)
-        how += (f", engine batched: {batched} runs in {sum(len(g) > 1 for g in groups)} "
-                f"process(es), {n - batched} alone")
+        how += (f", {n} runs in {len(groups)} group(s): {batched} sharing a process, "
+                f"{n - batched} alone")
     print(f"sweep: {n} runs into {out} ({how})", flush=True)
     progress = SweepProgress(n, _already_finished(plans, out))
     try:

@@ -134,7 +134,7 @@ def _load_base(known: argparse.Namespace):
 
 #: what ``klppo train`` reports in one line: klppo's errors, file problems, bad values, and a
 #: missing optional extra (``track=wandb`` without wandb)
-_REPORTED = (*REPORTED, ImportError)
+_REPORTED: tuple[type[BaseException], ...] = (*REPORTED, ImportError)
 
 
 def parse_train(argv: list[str]):
@@ -144,6 +144,7 @@ def parse_train(argv: list[str]):
     :class:`~klppo.runs.errors.UserInputError` (or ``OSError``, ``ValueError``) with the
     one-line message the command prints; ``--help`` exits 0."""
     from klppo.rl import config as C
+    from klppo.rl.config_checks import validate
 
     pre = RaisingParser(prog="klppo train", add_help=False, allow_abbrev=False)
     pre.add_argument("--preset", type=name_arg, action=Once)
@@ -156,7 +157,7 @@ def parse_train(argv: list[str]):
     base = _load_base(known)
     if known.env_kwargs is not None:
         base = C.from_dict({"env_kwargs": _mapping(known.env_kwargs)}, base)
-    return C.validate(parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE))
+    return validate(parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE))
 
 
 def _mapping(text: str) -> dict:

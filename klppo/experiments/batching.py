@@ -1,12 +1,14 @@
-"""Which runs of a sweep share a process under ``--engine batched``.
+"""Which runs of a sweep share a worker process.
 
-Runs the batched engine serves (:func:`klppo.rl.batched.refusal`) and that have one shape
-(:func:`klppo.rl.batched.group_key`: env, rollout and minibatch sizes, epochs, network) form a
-group, split into groups of at most ``group_size``; each group is one worker process
-(:func:`klppo.rl.batched.train_group`). A condition the engine cannot serve trains in the ordinary
-engine, one process per run, and the sweep says so in one line. Runs on the numpy fast path
-and runs on torch (``fast_path: false``, on the CPU or a GPU) form separate groups; a device that
-does not resolve here (cuda without a GPU) is refused before anything starts.
+Every run trains in klppo's one engine (:mod:`klppo.rl.engine`), whose unit is a group of runs.
+With ``engine="batched"`` (the default of a local sweep) the runs that can share a group
+(:func:`klppo.rl.engine.group_key`: the spaces their envs make, network, step library and device,
+batch and minibatch sizes, epochs, rollout length, env backend, torch threads) are spread over
+the sweep's workers: each shape's runs in ``min(workers, runs)`` groups of nearly equal size
+(at most ``group_size`` runs each when it is given), in the sweep's seed-by-seed order; each
+group is one worker process (:func:`klppo.rl.train_group`). ``engine="process"`` trains each run
+in a process of its own (a group of one). A device that does not resolve here (cuda without a
+GPU) is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Literal
 
 from klppo.experiments.sweep_spec import RunPlan
 from klppo.rl import config as C
+from klppo.rl.engine.groups import device_refusal, group_key
 
 __all__ = ["Engine", "ENGINES", "plan_groups"]
 
@@ -22,34 +25,35 @@ Engine = Literal["process", "batched"]
 ENGINES = ("process", "batched")
 
 
-def plan_groups(plans: list[RunPlan], engine: str, group_size: int | None = None
-                ) -> tuple[list[list[str]], list[str]]:
-    """The batched groups (run names, in ``plans``' order) and one note per condition that
-    trains in the ordinary engine instead; ``([], [])`` for the process engine. ConfigError
-    (one line, nothing started) for a bad ``engine`` / ``group_size`` or a device that does not
-    resolve here (cuda without a GPU)."""
+def _check(engine: str, group_size: int | None, workers: int | None) -> None:
     if engine not in ENGINES:
         raise C.ConfigError(f"engine={engine!r}: must be one of {list(ENGINES)}")
-    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
-                                   or group_size < 1):
-        raise C.ConfigError(f"group_size={group_size!r}: must be an integer >= 1")
+    for name, value in (("group_size", group_size), ("workers", workers)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise C.ConfigError(f"{name}={value!r}: must be an integer >= 1")
+
+
+def plan_groups(plans: list[RunPlan], engine: str, group_size: int | None = None,
+                workers: int | None = None) -> tuple[list[list[str]], list[str]]:
+    """The groups (run names, in ``plans``' order; see the module docstring) and notes to log
+    (none: every run can be grouped); ``([], [])`` for the process engine. ConfigError (one line,
+    nothing started) for a bad ``engine`` / ``group_size`` / ``workers`` or a device that does
+    not resolve here."""
+    _check(engine, group_size, workers)
     if engine == "process":
         return [], []
-    from klppo.rl.batched import device_refusal, group_key, refusal
-
     keyed: dict[tuple, list[str]] = {}
-    refused: dict[str, str] = {}
     for plan in plans:
-        why = refusal(plan.config)
-        if why is not None:  # e.g. a multi-agent env: the ordinary engine's to train
-            refused.setdefault(plan.condition, why)
-            continue
         why = device_refusal(plan.config)
         if why is not None:
             raise C.ConfigError(f"condition {plan.condition}: {why}")
         keyed.setdefault(group_key(plan.config), []).append(plan.name)
-    size = group_size or max(len(g) for g in keyed.values()) if keyed else 1
-    groups = [names[i:i + size] for names in keyed.values() for i in range(0, len(names), size)]
-    notes = [f"condition {c} trains in the ordinary engine, one process per run: the batched "
-             f"engine cannot serve {why}" for c, why in refused.items()]
-    return groups, notes
+    groups = []
+    for names in keyed.values():
+        parts = min(workers or 1, len(names))
+        size = -(-len(names) // parts)
+        if group_size is not None:
+            size = min(size, group_size)
+        groups += [names[i:i + size] for i in range(0, len(names), size)]
+    return groups, []

@@ -2,11 +2,11 @@
 
 Each run is ``python -m klppo.experiments.worker RUN_DIR`` in its own session (so a Ctrl-C at the
 terminal reaches only the sweep, which decides what the workers get), with its output appended
-to ``RUN_DIR/worker.log``. A batched group (``--engine batched``) is one worker for several run
-directories (``python -m klppo.experiments.worker --batched RUN_DIR...``, the batched engine of
-:mod:`klppo.rl.batched`), its output in the first run's ``worker.log`` (each other run's says
-where); how each of its runs ended is read from that run's own status. The worker stops itself
-if the sweep dies (see ``klppo.experiments.worker``).
+to ``RUN_DIR/worker.log``. A group of runs (``--engine batched``, the default) is one worker for
+several run directories (``python -m klppo.experiments.worker --batched RUN_DIR...``, one group of
+the engine, :mod:`klppo.rl.engine`), its output in the first run's ``worker.log`` (each other
+run's says where); how each of its runs ended is read from that run's own status. The worker
+stops itself if the sweep dies (see ``klppo.experiments.worker``).
 Stopping a job: level 1 sends SIGINT (finish the iteration, checkpoint, status 'interrupted'),
 level 2 sends SIGKILL (the run resumes from its last checkpoint).
 """
@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ def start(run_dir: str | Path) -> Job:
     return Job(run_dir, *_launch([str(run_dir)], run_dir))
 
 
-def start_group(run_dirs: list[str | Path]) -> Job:
+def start_group(run_dirs: Sequence[str | Path]) -> Job:
     """Launch one batched worker for ``run_dirs``; returns at once."""
     dirs = [Path(d) for d in run_dirs]
     for d in dirs[1:]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import cast
 
+from klppo.core.controllers import ControllerName
 from klppo.experiments.pool import SweepStop, run_local, signals_to
 from klppo.experiments.rlhf_worker import PENDING
 from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf
@@ -29,7 +31,9 @@ def arms(base: RLHFConfig, strong_beta: float, weak_beta: float, adaptive: str,
                 name = f"{kind}_{regime}__{seed}" if kind == "fixed" else \
                     f"adaptive_from_{regime}__{seed}"
                 try:
-                    out[name] = validate_rlhf(dataclasses.replace(base, controller=ctrl,
+                    # validate_rlhf refuses a controller name that is not a ControllerName
+                    named = cast(ControllerName, ctrl)
+                    out[name] = validate_rlhf(dataclasses.replace(base, controller=named,
                                                                   beta=beta, seed=seed))
                 except ConfigError as e:
                     raise ConfigError(f"{e} (arm {name})") from None
@@ -43,7 +47,8 @@ def run_compare(configs: dict[str, RLHFConfig], out: str | Path, workers: int = 
     the way they stop a sweep."""
     out, stop = Path(out), stop or SweepStop()
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    dirs, results = {}, {}
+    dirs: dict[str, str] = {}
+    results: dict[str, tuple[str, str | None]] = {}
     for name, cfg in configs.items():
         d = out / "runs" / name
         d.mkdir(exist_ok=True)

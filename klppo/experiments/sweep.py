@@ -13,10 +13,12 @@ asks the running ones to finish their iteration, checkpoint and stop; they are r
 and resume from their last checkpoint. If the sweep itself is killed, its workers stop
 themselves the same graceful way.
 
-Engines: ``process`` (default) is one worker process per run; ``batched`` trains the runs of one
-shape together in one worker process (:mod:`klppo.experiments.batching`, :mod:`klppo.rl.batched`),
-each still in its own run directory; a crash of that process takes its whole group down (each run
-resumes from its last checkpoint at the next invocation).
+Engines: every run trains in klppo's one engine, whose unit is a group of runs
+(:mod:`klppo.rl.engine`). ``batched`` (the default) spreads the runs that can share a group over
+the workers, one group per worker and shape (:mod:`klppo.experiments.batching`; with Ray, one task
+per group), each run still in its own run directory; a crash of that process takes its whole group
+down (each run resumes from its last checkpoint at the next invocation). ``process`` trains each
+run in a worker process of its own.
 
 Backends: ``local`` (default) runs at most ``workers`` processes at once on this machine;
 ``ray`` submits the same worker function as Ray tasks (one CPU each) to the cluster named by
@@ -33,7 +35,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from klppo.experiments.batching import Engine, plan_groups
 from klppo.experiments.launch import run_group, run_one
@@ -55,7 +57,9 @@ from klppo.runs.typecheck import short_repr
 log = logging.getLogger(__name__)
 
 __all__ = ["SweepSpec", "RunEntry", "SweepResult", "SweepStop", "expand", "load_spec",
-           "check_envs", "run_sweep", "run_one", "plan_groups", "DEMO_SPEC", "MAX_RUNS"]
+           "check_envs", "run_sweep", "run_one", "plan_groups", "worker_count",
+           "DEMO_SPEC",
+           "MAX_RUNS"]
 
 Backend = Literal["local", "ray"]
 
@@ -169,7 +173,8 @@ def _prepare(sweep_dir: Path, planned: list[RunPlan]) -> list[RunEntry]:
         if not (run_dir / "config.yaml").exists():
             cfg = _grouped(dataclasses.replace(plan.config, out=str(run_dir)), sweep_dir)
             R.write_yaml(run_dir / "config.yaml", C.to_dict(cfg))
-        state = st.get("state") if st.get("state") in ("finished", "failed", "interrupted") \
+        got = st.get("state")
+        state = got if isinstance(got, str) and got in ("finished", "failed", "interrupted") \
             else "pending"
         entries.append(RunEntry(plan.name, plan.condition, plan.seed, plan.overrides, state,
                                 st.get("error") if state == "failed" else None))
@@ -184,15 +189,14 @@ def run_sweep(
     on_done: Callable[[RunEntry], None] | None = None,
     stop: SweepStop | None = None,
     max_runs: int = MAX_RUNS,
-    engine: Engine = "process",
+    engine: Engine | None = None,
     group_size: int | None = None,
 ) -> SweepResult:
     """Run every run of ``spec`` under ``sweep_dir``; idempotent, crash-isolated, stoppable.
 
-    ``engine``: ``process`` trains each run in a worker process of its own; ``batched`` trains
-    the runs of one shape together in one process (:mod:`klppo.experiments.batching`: at most
-    ``group_size`` runs each, default all of them), and each condition it cannot serve in the
-    ordinary engine (logged as one warning line).
+    ``engine``: ``batched`` (the default) trains the runs that can share a group together, one
+    group per worker and shape (:mod:`klppo.experiments.batching`: at most ``group_size`` runs
+    each when given); ``process`` trains each run in a worker process of its own.
 
     Everything is checked before ``sweep_dir`` is created (:class:`~klppo.rl.config.ConfigError`;
     more than ``max_runs`` runs is refused);
@@ -202,12 +206,11 @@ def run_sweep(
     planned = expand(spec, max_runs)
     check_envs(planned)
     order = sorted(planned, key=lambda p: spec.seeds.index(p.seed))
-    groups, notes = plan_groups(order, engine, group_size)
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 1):
-        raise C.ConfigError(f"workers={workers!r}: must be an integer >= 1")
     if backend not in ("local", "ray"):
         raise C.ConfigError(f"backend={backend!r}: must be 'local' or 'ray'")
+    engine = "batched" if engine is None else engine
+    workers = worker_count(workers)
+    groups, notes = plan_groups(order, engine, group_size, workers)
     runner = run_local if backend == "local" else _ray_runner()
     for note in notes:
         log.warning("%s", note)
@@ -231,16 +234,31 @@ def run_sweep(
                 if e.state != "finished"}
         with signals_to(stop):
             if groups:
-                runner(todo, workers or max(1, os.cpu_count() or 1), update, stop, groups)
+                runner(todo, workers, update, stop, groups)
             else:
-                runner(todo, workers or max(1, os.cpu_count() or 1), update, stop)
+                runner(todo, workers, update, stop)
     finally:
         lock.release()
     return SweepResult(sweep_dir, entries, stop.signal)
 
 
+def worker_count(workers: int | None) -> int:
+    """The number of parallel worker processes: ``workers``, default one per core."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise C.ConfigError(f"workers={workers!r}: must be an integer >= 1")
+    return workers or max(1, os.cpu_count() or 1)
+
+
 # -------------------------------------------------------------------------------- ray backend
-def _ray_runner() -> Callable[[dict[str, str], int, Done, SweepStop], None]:
+class _Runner(Protocol):
+    """What runs a sweep's runs: :func:`~klppo.experiments.pool.run_local`, or :func:`_ray`."""
+
+    def __call__(self, dirs: dict[str, str], workers: int, update: Done, stop: SweepStop,
+                 groups: list[list[str]] | None = None) -> None: ...
+
+
+def _ray_runner() -> _Runner:
     try:
         import ray
     except ImportError:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from klppo.rl import config as C
+from klppo.rl.config_checks import validate
 from klppo.rl.presets import preset
 from klppo.runs.configfile import InputError, merge_nested, parse_yaml, read_text
 from klppo.runs.typecheck import short_repr
@@ -178,10 +179,10 @@ def _set_once(where: str, node: dict[str, Any], key: str, value: Any) -> None:
 
 def _overlay(where: str, d: dict[str, Any], base: C.TrainConfig,
              check: bool = False) -> C.TrainConfig:
-    """``C.from_dict`` (+ ``C.validate``) with every error as one ConfigError naming ``where``."""
+    """``C.from_dict`` (+ ``validate``) with every error as one ConfigError naming ``where``."""
     try:
         cfg = C.from_dict(d, base)
-        return C.validate(cfg) if check else cfg
+        return validate(cfg) if check else cfg
     except C.ConfigError as e:
         raise C.ConfigError(f"{where}.{e}" if not check else f"{e} ({where})") from None
     except (TypeError, ValueError, AttributeError) as e:  # a type the config code let through

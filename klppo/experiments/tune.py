@@ -201,17 +201,21 @@ class _Runner:
                 res = self._train(trial, cfg, self.dir / "runs" / names[-1],
                                   k * cfg.num_iterations * cfg.batch_size)
             except (RunFailed, C.ConfigError, ValueError, OSError) as e:
-                return self._tell(trial, "fail", error=" ".join(str(e).split())[:300])
+                self._tell(trial, "fail", error=" ".join(str(e).split())[:300])
+                return None
             if res.status == "interrupted":
                 return res.stop_signal or signal.SIGINT
             if res.status == "pruned":
-                return self._tell(trial, "pruned")
+                self._tell(trial, "pruned")
+                return None
             finals.append(res.final_return)
         value = sum(finals) / len(finals)
         if math.isnan(value):
-            return self._tell(trial, "fail", error="no training episode ended in the last 10% "
-                                                   "of the steps: no final return")
-        return self._tell(trial, "complete", value)
+            self._tell(trial, "fail", error="no training episode ended in the last 10% "
+                                            "of the steps: no final return")
+            return None
+        self._tell(trial, "complete", value)
+        return None
 
     def _train(self, trial: Any, cfg: C.TrainConfig, run_dir: Path, offset: int) -> Any:
         from klppo.rl.trainer import TrainResult, resume, train

@@ -22,7 +22,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from klppo.experiments.sweep_spec import (
     RESERVED,
@@ -34,6 +34,7 @@ from klppo.experiments.sweep_spec import (
     check_spec_keys,
 )
 from klppo.rl import config as C
+from klppo.rl.config_checks import validate
 from klppo.rl.presets import preset
 from klppo.runs.configfile import InputError, merge_nested, parse_yaml, read_text
 from klppo.runs.typecheck import short_repr
@@ -46,7 +47,7 @@ PRUNERS = ("median", "none")
 MAX_TRIALS = 10_000
 
 
-def _number(x: Any) -> bool:
+def _number(x: Any) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -100,9 +101,10 @@ class Param:
     @classmethod
     def _range(cls, where: str, name: str, d: dict[str, Any]) -> Param:
         low, high, log, step = d.get("low"), d.get("high"), d.get("log", False), d.get("step")
-        for key, v in (("low", low), ("high", high)):
-            if not _number(v):
-                raise _bad(f"{where}.{key}", v, "must be a finite number")
+        if not _number(low):
+            raise _bad(f"{where}.low", low, "must be a finite number")
+        if not _number(high):
+            raise _bad(f"{where}.high", high, "must be a finite number")
         if not high > low:
             raise _bad(f"{where}.high", high, f"must be greater than low={low!r}")
         if not isinstance(log, bool):
@@ -202,7 +204,7 @@ class TuneSpec:
             for v in p.values_to_check():
                 _overlay(f"space.{p.name}={v!r}", _dotted("space", {p.name: v}), base,
                          check=True)
-        C.validate(base)
+        validate(base)
 
     def config(self, values: dict[str, Any], seed: int, out: str) -> C.TrainConfig:
         """The validated config of one run of a trial: the base, the trial's values, the seed

@@ -1,7 +1,7 @@
 """``python -m klppo.experiments.worker RUN_DIR``: run or resume the run whose config is there
 (a training run's ``config.yaml``, or an RLHF arm's ``pending.yaml``);
 ``python -m klppo.experiments.worker --batched RUN_DIR...``: run or resume those training runs
-together in the batched engine (:func:`klppo.rl.batched.train_group`).
+together in one engine group (:func:`klppo.rl.train_group`).
 
 The worker never outlives the process that started it (the pid in ``KLPPO_PARENT_PID``, else
 its parent at start): on Linux the kernel sends it SIGTERM when that parent dies
@@ -86,8 +86,8 @@ def _run(run_dir: Path) -> None:
     _record(resume(run_dir))
 
 
-def _run_batched(run_dirs: list[Path]) -> None:
-    from klppo.rl.batched import train_group
+def _run_batched(run_dirs: list[str | Path]) -> None:
+    from klppo.rl.engine.rundirs import train_group
 
     for result in train_group(run_dirs):
         if result.status != "failed":  # a failed run's status.json holds its reason already

@@ -240,6 +240,7 @@ class Experiment:
             log.warning("iteration %d: %s", it, alarm.message)
         self.iteration = it
         n_tok = int(b["mask"].sum())
+        m: dict[str, Any]
         m = {**self.metrics(it, beta, measured, b, responses),              # 5. log
              **alarm.as_metrics(),
              "tokens_per_second_generation": n_tok / max(t1 - t0, 1e-9),
@@ -287,6 +288,7 @@ class Experiment:
         k1 = per_token_kl("k1", s["logp"], s["logp_ref"], mask)
         k3 = per_token_kl("k3", s["logp"], s["logp_ref"], mask)
         info = self.ctrl.info
+        assert info is not None  # iterate updated the controller before logging
         return {
             "iteration": it, "global_step": it * c.batch_size, "episodes": it * c.batch_size,
             "score": float(score.mean()), "kl": measured, "kl_unit": c.kl_unit,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -145,8 +146,9 @@ class PolicyWithValue(nn.Module):
 
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()
-        self.lm = lm
-        hidden = lm.config.hidden_size if hasattr(lm.config, "hidden_size") else lm.config.n_embd
+        self.lm: Any = lm  # a transformers causal LM (save_pretrained, config, generate)
+        config: Any = lm.config  # a transformers PretrainedConfig
+        hidden = config.hidden_size if hasattr(config, "hidden_size") else config.n_embd
         self.value_head = nn.Linear(hidden, 1)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)

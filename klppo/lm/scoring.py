@@ -7,11 +7,16 @@ response positions and masked.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from klppo.core.kl import full_kl, sampled_kl
 from klppo.lm.model import PolicyWithValue
 from klppo.lm.sampling import token_logprobs
+
+if TYPE_CHECKING:
+    from klppo.lm.config import KLEstimatorLM
 
 __all__ = ["score_sequences", "per_token_kl", "token_rewards", "distinct_n"]
 
@@ -39,13 +44,14 @@ def score_sequences(policy: PolicyWithValue, ref, prompts: torch.Tensor,
     return out
 
 
-def per_token_kl(estimator: str, logp: torch.Tensor, logp_ref: torch.Tensor,
+def per_token_kl(estimator: KLEstimatorLM, logp: torch.Tensor, logp_ref: torch.Tensor,
                  mask: torch.Tensor, logits: torch.Tensor | None = None,
                  logits_ref: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, R]`` per-token KL(policy || reference) on samples from the policy; 0 where
     ``mask`` is False. ``k1 = logp - logp_ref``; ``k3`` the unbiased non-negative form;
     ``full`` the exact KL over the vocabulary at each position."""
     if estimator == "full":
+        assert logits is not None and logits_ref is not None, "the full KL needs the logits"
         kl = full_kl(logits, logits_ref, mask=mask)
     else:  # padded positions may hold anything: they are replaced before the estimator runs
         zero = torch.zeros((), dtype=logp.dtype)

@@ -70,7 +70,11 @@ class ActorCritic(nn.Module):
         self.shared_trunk = shared_trunk
         self.separate_losses = separate_losses
         self.gaussian = isinstance(head, DiagGaussianHead)
-        out = head.dim if self.gaussian else head.param_dim
+        out = head.dim if isinstance(head, DiagGaussianHead) else head.param_dim
+        #: the actor and critic are Linear layers on the trunk, or MLPs when there is none
+        self.trunk: nn.Sequential | None
+        self.actor: nn.Module
+        self.critic: nn.Module
         if shared_trunk:
             self.trunk = mlp(obs_dim, hidden, None, 1.0)
             self.actor = layer_init(nn.Linear(hidden[-1], out), gain=0.01)
@@ -79,7 +83,7 @@ class ActorCritic(nn.Module):
             self.trunk = None
             self.actor = mlp(obs_dim, hidden, out, 0.01)
             self.critic = mlp(obs_dim, hidden, 1, 1.0)
-        if self.gaussian:
+        if isinstance(head, DiagGaussianHead):
             self.log_std = nn.Parameter(torch.full((head.dim,), float(log_std_init)))
 
     def _params(self, mean_or_logits: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,8 @@ class TorchRunner:
         this runner's generator."""
         action = self.head.sample(params, self.gen)
         logp = self.head.log_prob(params, action)
-        return tuple(t.cpu().numpy() for t in (action, logp, params, value))
+        return (action.cpu().numpy(), logp.cpu().numpy(), params.cpu().numpy(),
+                value.cpu().numpy())
 
     @torch.inference_mode()
     def value(self, obs: np.ndarray) -> np.ndarray:
@@ -58,7 +59,7 @@ class TorchRunner:
 
 def make_runner(agent: ActorCritic, seed: int, weights: FlatWeights | None = None
                 ) -> TorchRunner | NumpyRunner:
-    """The numpy runner on the step backend's ``weights`` (``NumpyStep.weights``), handed over
+    """The numpy runner on the stack row's ``weights`` (``NumpySlot.weights``), handed over
     explicitly, or the torch runner when there are none (the torch backend).
 
     The numpy runner checks with ``np.shares_memory`` that the agent's parameters view the

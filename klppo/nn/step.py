@@ -1,11 +1,8 @@
-"""The step-backend contract: what one PPO minibatch step returns, and what every backend shares.
+"""What one PPO minibatch step returns for one policy, whichever stack computed it.
 
-A step backend applies one PPO minibatch step: ``begin(batch, advantages)`` once per update,
-then ``step(idx, beta) -> StepResult`` per minibatch, ``policy_kl(batch)`` after the update.
-Two implement it: :class:`klppo.rl.backends.TorchStep` (autograd, any network) and
-:class:`klppo.nn.numpy.NumpyStep` (the numpy fast path). ``batch`` is a
-:class:`klppo.rl.update.Batch` (read by attribute: ``obs``, ``actions``, ``logp``, ``params``,
-``values``, ``returns``, torch tensors ``[B, ...]``).
+The engine's stacks (:mod:`klppo.rl.engine.numpy_stack`, :mod:`klppo.rl.engine.torch_stack`)
+step many policies at once and return one :class:`StepResult` per policy: numpy arrays from the
+numpy stack, CPU tensors from the torch stack.
 """
 
 from __future__ import annotations
@@ -16,9 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from klppo.core.kl import k3
-
-__all__ = ["StepResult", "StepBackend"]
+__all__ = ["StepResult"]
 
 
 @dataclass
@@ -52,48 +47,3 @@ class StepResult:
         sample: what an lr or clip actuator with after-step timing is fed."""
         return float(self.kl.mean()) if isinstance(self.kl, torch.Tensor) else \
             float(np.mean(self.kl))
-
-
-class StepBackend:
-    """What both backends share: the optimiser's lr and state, and the k3 early-stop check
-    (``agent``, ``optimizer``, ``batch`` and ``device`` are set by the subclasses)."""
-
-    fast: bool = False
-    agent: Any
-    optimizer: Any
-    batch: Any
-    device: torch.device
-
-    def k3(self, idx: torch.Tensor) -> float:
-        """Sampled k3 KL(old || current) on a minibatch (nats per sample), before stepping on it:
-        the mean of :func:`klppo.core.kl.k3` at ``log r = logp_current - logp_old``."""
-        b, idx = self.batch, idx.to(self.device)
-        with torch.no_grad():
-            params = self.agent.policy_params(b.obs[idx])
-            return float(k3(self.agent.head.log_prob(params, b.actions[idx]) - b.logp[idx]).mean())
-
-    def analytic_kl(self, idx: torch.Tensor) -> float:
-        """Mean analytic KL(old || current) over the minibatch rows ``idx`` (per state, summed
-        over action dimensions; nats per sample), before stepping on them: what an lr or clip
-        actuator with before-step timing (rsl_rl's) is fed."""
-        b, idx = self.batch, idx.to(self.device)
-        with torch.no_grad():
-            params = self.agent.policy_params(b.obs[idx])
-            return float(self.agent.head.kl(b.params[idx], params).mean())
-
-    def ratio(self, idx: torch.Tensor) -> torch.Tensor:
-        """Per-sample ratio ``w = pi_current(a|s) / pi_old(a|s)`` on the minibatch rows ``idx``,
-        before stepping on them (``[n]``, on the CPU): what a clip-bound controller (BAPO) reads."""
-        b, idx = self.batch, idx.to(self.device)
-        with torch.no_grad():
-            params = self.agent.policy_params(b.obs[idx])
-            return torch.exp(self.agent.head.log_prob(params, b.actions[idx]) - b.logp[idx]).cpu()
-
-    def set_lr(self, lr: float) -> None:
-        self.optimizer.set_lr(lr)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(s)

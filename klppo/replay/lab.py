@@ -27,12 +27,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
 from klppo.core.bound_controllers import BalanceStats, BAPOController
-from klppo.core.controllers import KLController, make_controller
+from klppo.core.controllers import ControllerName, KLController, make_controller
 from klppo.replay.metrics import FLOOR, response_metrics, tracking_metrics
 from klppo.runs.configfile import InputFileError, read_text
 from klppo.runs.metrics import policies_of
@@ -117,7 +117,7 @@ def _number(p: Path, where: str, col: str, v: object) -> float:
 
 def _trace_jsonl(p: Path, text: str, column: str | None, policy: str | None = None):
     lines = text.splitlines()
-    recs = []
+    recs: list[tuple[int, dict[str, Any]]] = []
     for i, line in enumerate(lines, 1):
         try:
             r = json.loads(line) if line.strip() else None
@@ -197,8 +197,8 @@ def parse_controller(spec: str, target: float | None = None) -> tuple[str, KLCon
     name, options = _spec_options(spec)
     if target is not None and "target" not in options and not preset_keeps_target(spec):
         options["target"] = target
-    try:
-        return spec, make_controller(name, **options)
+    try:  # make_controller refuses a name that is not a ControllerName (ValueError)
+        return spec, make_controller(cast(ControllerName, name), **options)
     except (ValueError, TypeError) as e:
         raise ValueError(f"controller={spec!r}: {e}") from None
 

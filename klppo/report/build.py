@@ -15,6 +15,7 @@ import math
 import re
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,7 +122,8 @@ def _group_figures(env: str, rs: list[Run], fig_dir: Path, smooth: int,
                    policy: str | None) -> list[tuple[str, Path]]:
     """:func:`_env_figures` of the runs of one env, or of one policy's views of them."""
     safe = env.replace("/", "-").replace(":", "-")
-    who, stem, part = "", safe, str
+    part: Callable[[str], str] = str
+    who, stem = "", safe
     if policy is not None:
         who, stem, part = f" / policy {policy}", f"{safe}__{_safe(policy)}", _safe
     window = f" Curves: {C.window_text(smooth)}."

@@ -12,6 +12,7 @@ import html
 import math
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import matplotlib
 
@@ -27,7 +28,9 @@ from klppo.report.stats import Summary  # noqa: E402
 __all__ = ["Comparison", "compare", "comparison_figure", "comparison_markdown",
            "comparison_html"]
 
-_COLOURS = plt.get_cmap("tab10").colors
+#: tab10's colours (RGB); get_cmap is typed as the Colormap base class, without ``colors``
+_COLOURS: tuple[tuple[float, float, float], ...] = (
+    plt.get_cmap("tab10").colors)  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -70,9 +73,9 @@ def compare(summaries: list[Summary], reps: int = A.REPS) -> list[Comparison]:
                         c.improvement[(cx, cy)] = (
                             A.probability_of_improvement(scores[cx], scores[cy]),
                             *A.improvement_ci(scores[cx], scores[cy], reps))
-            every, s = A.scaled(np.concatenate(list(scores.values())))
+            every, scale = A.scaled(np.concatenate(list(scores.values())))
             lo, hi = every.min(), every.max()
-            c.taus = s * (np.linspace(lo, hi, 101) if hi > lo else lo + np.array([-1, 0, 1]))
+            c.taus = scale * (np.linspace(lo, hi, 101) if hi > lo else lo + np.array([-1, 0, 1]))
             for cond, x in scores.items():
                 c.profile[cond] = A.performance_profile(x, c.taus, reps)
         conds = list(scores)
@@ -107,7 +110,7 @@ def _profile_panel(ax, c: Comparison, conds: list[str], colour: dict[str, tuple]
         warnings.simplefilter("ignore", RuntimeWarning)
         for cond in conds:
             prof, lo, hi = c.profile[cond]
-            style = {"lw": 1.6}
+            style: dict[str, Any] = {"lw": 1.6}
             if cond in c.identical:
                 style = IDENTICAL_STYLE | {"markevery": 10}
             elif cond in c.identical.values():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import defaultdict
+from typing import Any
 
 import matplotlib
 
@@ -28,9 +29,11 @@ __all__ = ["learning_curves", "identical_to", "auto_smooth", "smooth_values", "w
            "IDENTICAL_STYLE"]
 
 #: how the second of two identical curves is drawn (over the first's wide solid line)
-IDENTICAL_STYLE = {"ls": (0, (4, 3)), "lw": 1.4, "marker": "o", "ms": 3.5, "markevery": 16,
-                   "zorder": 4}
-_COLOURS = plt.get_cmap("tab10").colors
+IDENTICAL_STYLE: dict[str, Any] = {"ls": (0, (4, 3)), "lw": 1.4, "marker": "o", "ms": 3.5,
+                                   "markevery": 16, "zorder": 4}
+#: tab10's colours (RGB); get_cmap is typed as the Colormap base class, without ``colors``
+_COLOURS: tuple[tuple[float, float, float], ...] = (
+    plt.get_cmap("tab10").colors)  # type: ignore[attr-defined]
 
 
 def _f(x) -> float:
@@ -101,8 +104,8 @@ def _mean_band(rs: list[Run], grid: np.ndarray, smooth: int):
     return mean, 1.96 * sem
 
 
-def _panel(ax, by_base: dict[str, list[Run]], colour: dict[str, str], grid: np.ndarray,
-           smooth: int) -> dict[str, str]:
+def _panel(ax, by_base: dict[str, list[Run]], colour: dict[str, tuple[float, float, float]],
+           grid: np.ndarray, smooth: int) -> dict[str, str]:
     """One grid point's curves; returns its identical pairs."""
     same = identical_to(by_base)
     for base, rs in by_base.items():

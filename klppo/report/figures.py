@@ -28,7 +28,9 @@ __all__ = ["save", "smooth_values", "learning_curves", "kl_tracking", "has_targe
 TARGET_COLOUR = "black"
 _LEGEND = {"fontsize": 8, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0),
            "borderaxespad": 0.0}
-_SEED_COLOURS = plt.get_cmap("tab10").colors
+#: tab10's colours (RGB); get_cmap is typed as the Colormap base class, without ``colors``
+_SEED_COLOURS: tuple[tuple[float, float, float], ...] = (
+    plt.get_cmap("tab10").colors)  # type: ignore[attr-defined]
 
 
 def _f(x) -> float:
@@ -65,7 +67,7 @@ def lr_anneals(runs: list[Run]) -> bool:
     """True when the learning rate falls to (near) zero by the end of training: the logged
     ``lr`` ends below a tenth of its start, or (without ``lr``) ``ppo.anneal_lr`` is set."""
     for r in runs:
-        lrs = [m.get("lr") for m in r.metrics if isinstance(m.get("lr"), (int, float))]
+        lrs = [v for v in (m.get("lr") for m in r.metrics) if isinstance(v, (int, float))]
         if len(lrs) >= 2 and lrs[0] > 0:
             if lrs[-1] < 0.1 * lrs[0]:
                 return True

@@ -180,7 +180,8 @@ def merge_commits(lines: list[str]) -> list[str]:
 def describe_machine(meta: dict[str, Any]) -> str:
     """One line naming the machine and software a run was measured on, from its metadata.json
     (``machine`` is recorded since klppo 0.1; older runs give host and platform only)."""
-    m = meta.get("machine") if isinstance(meta.get("machine"), dict) else {}
+    machine = meta.get("machine")
+    m: dict[str, Any] = machine if isinstance(machine, dict) else {}
     parts = []
     if m.get("cpu"):
         parts.append(f"{m['cpu']} CPU" + (f" ({m['cpu_count']} logical cores)"
@@ -193,7 +194,8 @@ def describe_machine(meta: dict[str, Any]) -> str:
         parts.append(str(meta["platform"]))
     if meta.get("python"):
         parts.append(f"Python {meta['python']}")
-    pk = meta.get("packages") if isinstance(meta.get("packages"), dict) else {}
+    packages = meta.get("packages")
+    pk: dict[str, Any] = packages if isinstance(packages, dict) else {}
     if pk.get("torch"):
         parts.append(f"torch {pk['torch']}")
     if meta.get("klppo_version"):
@@ -260,17 +262,18 @@ def _sweep_targets(p: Path, skipped: list[tuple[str, str]]) -> list[_Target]:
         raise _Skip("index.json holds no list of runs")
     targets: list[_Target] = []
     axes = sweep_axes(p)
-    for e in runs:
-        name = e.get("name") if isinstance(e, dict) else None
+    for entry in runs:
+        name = entry.get("name") if isinstance(entry, dict) else None
         if isinstance(name, str) and name and ("/" in name or "\\" in name or name in (".", "..")
                                                or "\0" in name):
             skipped.append((str(p / "index.json"), f"entry {name!r} is not a run name (a path "
                             f"outside SWEEP/runs/ is never read)"))
         elif isinstance(name, str) and name:
-            cond = e.get("condition")
-            targets.append((p / "runs" / e["name"], None if cond is None else str(cond), axes))
+            cond = entry.get("condition")
+            targets.append((p / "runs" / entry["name"], None if cond is None else str(cond),
+                            axes))
         else:
-            skipped.append((str(p / "index.json"), f"entry {e!r} names no run"))
+            skipped.append((str(p / "index.json"), f"entry {entry!r} names no run"))
     return targets
 
 
@@ -316,7 +319,8 @@ def load_runs(paths: list[str | Path], finished_only: bool = False) -> Loaded:
             seen.add(key)
             run, why = _load_run(path, cond, axes)
             if run is not None and finished_only and run.status != "finished":
-                run, why = None, f"not finished (status {run.status!r}; --finished-only)"
+                why = f"not finished (status {run.status!r}; --finished-only)"
+                run = None
             if run is None:
                 skipped.append((str(path), why or "unreadable"))
             else:

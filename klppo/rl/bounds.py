@@ -2,7 +2,7 @@
 in memory, output paths that name a directory, env keyword arguments that are plain data, and
 multi-agent settings only where they apply.
 
-Called by :func:`klppo.rl.config.validate`; every problem is a
+Called by :func:`klppo.rl.config_checks.validate`; every problem is a
 :class:`~klppo.rl.config.ConfigError` naming the field and the value. The bounds and why are in
 docs/reliability.md.
 """
@@ -13,6 +13,10 @@ import dataclasses
 import math
 from typing import Any
 
+from klppo.core.loss import OBJECTIVES
+from klppo.core.objective_base import KNOB_NAMES
+from klppo.rl.config import MarlConfig, is_multiagent
+from klppo.runs.errors import ConfigError
 from klppo.runs.typecheck import short_repr
 
 __all__ = ["check", "MAX_NUM_ENVS", "MAX_ROLLOUT", "MAX_LAYER", "MAX_HIDDEN_WEIGHTS",
@@ -33,8 +37,6 @@ MAX_UPDATE_EPOCHS = 10_000
 
 
 def _bad(name: str, value: Any, why: str) -> ValueError:
-    from klppo.rl.config import ConfigError
-
     return ConfigError(f"{name}={short_repr(value)}: {why}")
 
 
@@ -64,6 +66,7 @@ def _check_sizes(cfg: Any) -> None:
                          ("rollout.num_steps", r.num_steps, MAX_ROLLOUT),
                          ("total_steps", cfg.total_steps, MAX_TOTAL_STEPS),
                          ("torch_threads", cfg.torch_threads, MAX_TORCH_THREADS),
+                         ("envpool_threads", cfg.envpool_threads, MAX_TORCH_THREADS),
                          ("ppo.update_epochs", cfg.ppo.update_epochs, MAX_UPDATE_EPOCHS)):
         if v > top:
             raise _bad(name, v, f"must be at most {top:,}")
@@ -87,9 +90,6 @@ def _check_paths(cfg: Any) -> None:
 
 def _check_marl(cfg: Any) -> None:
     """Multi-agent settings on a single-agent env would be ignored: refused instead."""
-    from klppo.rl.config import MarlConfig
-    from klppo.rl.marl.spec import is_multiagent
-
     if is_multiagent(cfg.env):
         return
     default = MarlConfig()
@@ -119,8 +119,6 @@ def _plain(value: Any, depth: int = 0) -> bool:
 def _check_env_kwargs(cfg: Any) -> None:
     """``env_kwargs``: a mapping of names to plain data (the run's config.yaml records it),
     for a single-agent env (a PettingZoo env takes ``marl.env_kwargs``)."""
-    from klppo.rl.marl.spec import is_multiagent
-
     kw = cfg.env_kwargs
     if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):
         raise _bad("env_kwargs", kw, "must be a mapping of names to values")
@@ -137,9 +135,6 @@ def _check_env_kwargs(cfg: Any) -> None:
 
 def _check_applies(cfg: Any) -> None:
     """A setting the chosen objective never reads would be ignored: refused instead."""
-    from klppo.core.loss import OBJECTIVES
-    from klppo.core.objective_base import KNOB_NAMES
-
     objective, p = OBJECTIVES.get(cfg.objective), cfg.ppo
     if objective is None:
         return  # an unknown objective is refused by the config's own checks

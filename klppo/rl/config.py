@@ -18,7 +18,6 @@ from klppo.core.controllers import ControllerName, StepPreset
 from klppo.core.loss import KLEstimatorChoice, ObjectiveName
 from klppo.core.surrogates import Shape
 from klppo.core.values import ValueLossKind
-from klppo.rl.config_checks import validate  # noqa: F401 - re-exported: klppo.rl.config.validate
 from klppo.runs.configfile import overlay
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import Range, above, at_least, below, within
@@ -267,6 +266,9 @@ class TrainConfig:
     """iterations between checkpoints (one is always written at the end)"""
     torch_threads: int = field(default=1, metadata=at_least(1))
     """torch intra-op threads (1 is fastest for small networks)"""
+    envpool_threads: int = field(default=1, metadata=at_least(1))
+    """threads EnvPool steps with (rollout.env_backend envpool): a group of runs shares one
+    pool, so 2 threads step its physics on 2 cores"""
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     """where the torch path runs (auto: cuda when available); the numpy fast path is CPU-only,
     so cuda needs --no-fast-path"""
@@ -303,6 +305,15 @@ class TrainConfig:
     @property
     def num_minibatches(self) -> int:
         return self.batch_size // self.ppo.minibatch_size
+
+
+#: the env prefix of a multi-agent (PettingZoo) run: ``pettingzoo:MODULE``
+MULTIAGENT_PREFIX = "pettingzoo:"
+
+
+def is_multiagent(env_id: str) -> bool:
+    """``env_id`` names a PettingZoo parallel env (``pettingzoo:MODULE``)."""
+    return isinstance(env_id, str) and env_id.startswith(MULTIAGENT_PREFIX)
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

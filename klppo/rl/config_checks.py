@@ -5,20 +5,18 @@ all once, early, and raises :class:`~klppo.runs.errors.ConfigError` naming the f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
 
-from klppo.core.controllers import CONTROLLERS, is_fixed_fallback
+from klppo.core.controllers import CONTROLLERS, is_fixed_fallback, make_controller
 from klppo.core.loss import OBJECTIVES
 from klppo.core.surrogates import SHAPES, SOFT_SHAPES
 from klppo.rl import bounds
 from klppo.rl.actuate import check_actuator
 from klppo.rl.band_control import check_band_controller
+from klppo.rl.config import Cadence, KLMeasure, TrainConfig, WandbConfig
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import check_ranges
 from klppo.runs.typecheck import short_repr
-
-if TYPE_CHECKING:
-    from klppo.rl.config import TrainConfig, WandbConfig
 
 __all__ = ["validate"]
 
@@ -77,6 +75,7 @@ def _validate_numbers(cfg: TrainConfig) -> None:
     if "cov_low" in knobs:
         lo = knobs["cov_low"] if p.cov_low is None else p.cov_low
         hi = knobs["cov_high"] if p.cov_high is None else p.cov_high
+        assert lo is not None and hi is not None  # the objective's defaults are numbers
         if not lo < hi:
             raise _bad("ppo.cov_low", lo, f"must be below ppo.cov_high={hi}")
     if p.early_stop != "none" and p.target_kl is None:
@@ -88,6 +87,9 @@ def _validate_numbers(cfg: TrainConfig) -> None:
         raise _bad("rollout.env_backend", r.env_backend, "runs EnvPool's own tasks, vectorised "
                    "by EnvPool: no rollout.vectorization, env_kwargs, MODULE:ID or pettingzoo "
                    "env")
+    if cfg.envpool_threads != 1 and r.env_backend != "envpool":
+        raise _bad("envpool_threads", cfg.envpool_threads, "only rollout.env_backend envpool "
+                   "reads it")
 
 
 def _validate_anneal_from(cfg: TrainConfig) -> None:
@@ -109,8 +111,6 @@ def _validate_kl(cfg: TrainConfig) -> None:
     if not (k.monitor_high > 1 and 0 < k.monitor_low < 1 and k.monitor_patience >= 1):
         raise _bad("kl.monitor_high/low/patience", (k.monitor_high, k.monitor_low,
                    k.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
-    from klppo.rl.config import Cadence, KLMeasure
-
     for name, value, allowed in (("kl.cadence", k.cadence, get_args(Cadence)),
                                  ("kl.measure", k.measure, get_args(KLMeasure))):
         if value not in allowed:
@@ -131,8 +131,6 @@ def _validate_kl(cfg: TrainConfig) -> None:
     if cfg.net.separate_losses and not cfg.net.shared_trunk:
         raise _bad("net.separate_losses", True, "only applies with net.shared_trunk")
     try:  # the controller validates its own options (names the bad one)
-        from klppo.core.controllers import make_controller
-
         make_controller(k.controller, **k.controller_options())
     except ValueError as e:
         raise ConfigError(f"kl: {e}") from None

@@ -27,7 +27,7 @@ from gymnasium.vector import AutoresetMode
 from klppo.rl.vecenv import RestoreReport
 from klppo.runs.errors import UserInputError
 
-__all__ = ["EnvPoolSameStep", "check_envpool", "NOT_RESTORABLE"]
+__all__ = ["EnvPoolSameStep", "EnvPoolGroup", "EnvPoolSlice", "check_envpool", "NOT_RESTORABLE"]
 
 NOT_RESTORABLE = ("EnvPool cannot save or restore an environment's state (rollout.env_backend "
                   "envpool): the resumed run starts new episodes and is not identical to an "
@@ -52,6 +52,24 @@ def check_envpool(env_id: str) -> str:
     return env_id
 
 
+def same_step(pool: Any, actions: np.ndarray) -> tuple[Any, ...]:
+    """One step of every env of an EnvPool ``pool`` with SAME_STEP autoreset: an env that ends
+    is reset at once, its last observation in ``info["final_obs"]``; rewards as float64."""
+    obs, rew, term, trunc, _ = pool.step(actions)
+    done = term | trunc
+    info: dict[str, Any] = {}
+    if done.any():
+        ids = np.flatnonzero(done)
+        final = np.empty(len(done), dtype=object)
+        for i in ids:
+            final[i] = obs[i].copy()
+        first, _ = pool.reset(ids.astype(np.int32))
+        obs = obs.copy()
+        obs[ids] = first
+        info = {"final_obs": final, "_final_obs": done.copy()}
+    return obs, rew.astype(np.float64), term, trunc, info
+
+
 class EnvPoolSameStep(gym.vector.VectorEnv):
     """An EnvPool pool of ``num_envs`` envs of ``env_id`` with SAME_STEP autoreset (see the
     module docstring)."""
@@ -60,6 +78,7 @@ class EnvPoolSameStep(gym.vector.VectorEnv):
 
     def __init__(self, env_id: str, num_envs: int, seed: int) -> None:
         self.env_id, self.num_envs = check_envpool(env_id), num_envs
+        self.stepped = True  # until a reset
         self.pool = self._make(seed)
         self.single_observation_space = self.pool.observation_space
         self.single_action_space = self.pool.action_space
@@ -69,7 +88,7 @@ class EnvPoolSameStep(gym.vector.VectorEnv):
         self._act_dtype = self.single_action_space.dtype
 
     def _make(self, seed: int) -> Any:
-        self.seed_ = seed
+        self.seed_, self.resets = seed, 0
         return _envpool().make(self.env_id, env_type="gymnasium", num_envs=self.num_envs,
                                seed=seed)
 
@@ -79,22 +98,13 @@ class EnvPoolSameStep(gym.vector.VectorEnv):
             self.pool.close()
             self.pool = self._make(seed)
         obs, _ = self.pool.reset()
+        self.resets += 1  # since the pool was made, and not stepped since: a group may adopt
+        self.stepped = False  # its envs at this state (EnvPoolGroup)
         return obs, {}
 
     def step(self, actions: np.ndarray):
-        obs, rew, term, trunc, _ = self.pool.step(np.asarray(actions, dtype=self._act_dtype))
-        done = term | trunc
-        info: dict[str, Any] = {}
-        if done.any():
-            ids = np.flatnonzero(done)
-            final = np.empty(self.num_envs, dtype=object)
-            for i in ids:
-                final[i] = obs[i].copy()
-            first, _ = self.pool.reset(ids.astype(np.int32))
-            obs = obs.copy()
-            obs[ids] = first
-            info = {"final_obs": final, "_final_obs": done.copy()}
-        return obs, rew.astype(np.float64), term, trunc, info
+        self.stepped = True
+        return same_step(self.pool, np.asarray(actions, dtype=self._act_dtype))
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint holds of it: its kind (the state itself cannot be read)."""
@@ -105,3 +115,120 @@ class EnvPoolSameStep(gym.vector.VectorEnv):
 
     def close(self, **kwargs: Any) -> None:
         self.pool.close()
+
+
+class EnvPoolGroup:
+    """ONE EnvPool pool for the envs of several runs (an engine group's, one row each), so that
+    one call steps them all and EnvPool's ``num_threads`` threads share the physics.
+
+    Run k's ``n_k`` envs are seeded ``seed_k + i`` as its own pool would seed them (EnvPool takes
+    a seed per env), so every run steps the episodes of its own pool, bit for bit
+    (``tests/rl/test_envpool.py``). Each run's vector env is a :class:`EnvPoolSlice`; the
+    engine steps the slices of a group together with :meth:`step`. :meth:`adopt` builds one
+    from freshly reset :class:`EnvPoolSameStep` envs, or returns None."""
+
+    def __init__(self, env_id: str, seeds: list[int], sizes: list[int], threads: int,
+                 resets: list[int] | None = None) -> None:
+        self.env_id, self.sizes = check_envpool(env_id), sizes
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        env_seed = [s + i for s, n in zip(seeds, sizes) for i in range(n)]
+        self.pool = _envpool().make(env_id, env_type="gymnasium", num_envs=len(env_seed),
+                                    seed=env_seed, num_threads=threads)
+        self.first_obs, _ = self.pool.reset()
+        for k, n in enumerate(resets or []):  # each run's envs at their own pool's episodes
+            for _ in range(n - 1):
+                self.first_obs[self.ids(k)], _ = self.pool.reset(self.ids(k))
+        space = self.pool.action_space
+        self._actions = np.zeros((len(env_seed), *space.shape), space.dtype)
+        self.slices = [EnvPoolSlice(self, k, s) for k, s in enumerate(seeds)]
+        self.open = len(seeds)
+
+    @classmethod
+    def adopt(cls, envs: list[Any], threads: int) -> EnvPoolGroup | None:
+        """A pool for ``envs`` (EnvPool envs of one task, each reset and not stepped since);
+        None when there are fewer than two or they differ. The old pools are closed."""
+        if len(envs) < 2 or not all(isinstance(e, EnvPoolSameStep) and not e.stepped
+                                    for e in envs):
+            return None
+        if len({e.env_id for e in envs}) != 1:
+            return None
+        group = cls(envs[0].env_id, [e.seed_ for e in envs], [e.num_envs for e in envs], threads,
+                    [e.resets for e in envs])
+        for e in envs:
+            e.close()
+        return group
+
+    def step(self, actions: dict[int, np.ndarray]) -> dict[int, tuple[Any, ...]]:
+        """Step every env of the pool: slice k's envs with ``actions[k]`` (a slice not given
+        steps with zero actions: its run has stopped); per given slice its ``(obs, rewards,
+        terminated, truncated, info)`` as :class:`EnvPoolSameStep` returns them."""
+        for k, a in actions.items():
+            self._actions[self.offsets[k]:self.offsets[k + 1]] = a
+        obs, rew, term, trunc, info = same_step(self.pool, self._actions)
+        out = {}
+        for k in actions:
+            s, e = self.offsets[k], self.offsets[k + 1]
+            mine: dict[str, Any] = {}
+            if info and info["_final_obs"][s:e].any():
+                mine = {"final_obs": info["final_obs"][s:e], "_final_obs": info["_final_obs"][s:e]}
+            out[k] = (obs[s:e], rew[s:e], term[s:e], trunc[s:e], mine)
+        return out
+
+    def ids(self, k: int) -> np.ndarray:
+        """Slice k's env ids in the pool."""
+        return np.arange(self.offsets[k], self.offsets[k + 1], dtype=np.int32)
+
+    def release(self) -> None:
+        """One slice closed; the pool closes with the last."""
+        self.open -= 1
+        if self.open == 0:
+            self.pool.close()
+
+
+class EnvPoolSlice(gym.vector.VectorEnv):
+    """Run k's envs in an :class:`EnvPoolGroup`: its engine group steps them
+    (:meth:`EnvPoolGroup.step`). A reset with another seed (a resume that starts new episodes)
+    moves the run to a pool of its own, an :class:`EnvPoolSameStep`."""
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, group: EnvPoolGroup, k: int, seed: int) -> None:
+        self.group, self.k, self.seed_ = group, k, seed
+        self.num_envs = group.sizes[k]
+        self.single_observation_space = group.pool.observation_space
+        self.single_action_space = group.pool.action_space
+        self.own: EnvPoolSameStep | None = None
+        self.closed = False
+
+    @property
+    def pooled(self) -> bool:
+        """Stepped by its group (not by a pool of its own)."""
+        return self.own is None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if self.own is None and (seed is None or seed == self.seed_):
+            obs, _ = self.group.pool.reset(self.group.ids(self.k))
+            return obs, {}
+        if self.own is None:
+            assert seed is not None  # (a reset without a seed stays in the pool)
+            self.own = EnvPoolSameStep(self.group.env_id, self.num_envs, int(seed))
+        return self.own.reset(seed=seed)
+
+    def step(self, actions: np.ndarray):
+        if self.own is None:
+            raise RuntimeError("an env of a group's EnvPool pool steps with its group "
+                               "(EnvPoolGroup.step)")
+        return self.own.step(actions)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "envpool"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> RestoreReport:
+        return RestoreReport([f"{self.group.env_id}: {NOT_RESTORABLE}"])
+
+    def close(self, **kwargs: Any) -> None:
+        if self.own is not None:
+            self.own.close()
+        if not self.closed:
+            self.closed = True
+            self.group.release()

@@ -20,7 +20,7 @@ from klppo.rl.vecenv import RestoreReport, SameStepVecEnv, generator_from_state
 from klppo.runs.errors import ConfigError, UserInputError
 from klppo.runs.typecheck import short_repr
 
-__all__ = ["EnvError", "EnvKwargsError", "check_env", "make_env", "space_problem",
+__all__ = ["EnvError", "EnvKwargsError", "check_env", "make_env", "env_spaces", "space_problem",
            "make_vector_env", "env_state", "restore_env_state", "RunningMeanStd", "ObsNormalizer",
            "RewardScaler"]
 
@@ -106,7 +106,7 @@ class CartPoleSameStep(gym.vector.VectorWrapper):
     def state_dict(self) -> dict[str, Any]:
         """The numpy vector env's whole dynamic state, as arrays: physics, step counters, the
         autoreset flags and its generator."""
-        base = self.env.unwrapped
+        base: Any = self.env.unwrapped  # gymnasium's CartPoleVectorEnv
         return {"kind": "cartpole", "state": base.state.copy(), "steps": base.steps.copy(),
                 "prev_done": base.prev_done.copy(),
                 "rng": base.np_random.bit_generator.state}
@@ -160,6 +160,16 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None, **make_kwarg
     module first) with the run's ``env_kwargs`` and gymnasium's own ``make_kwargs`` (e.g.
     ``render_mode``)."""
     return gym.make(_resolve_id(env_id), **{**(env_kwargs or {}), **make_kwargs})
+
+
+def env_spaces(env_id: str, env_kwargs: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """The ``(observation space, action space)`` of one env made with ``env_kwargs`` (then
+    closed): what shapes a run's networks (EnvPool's tasks have Gymnasium's spaces)."""
+    env = make_env(env_id, env_kwargs)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
 
 
 def space_problem(obs_space: Any, act_space: Any) -> str | None:
@@ -237,12 +247,13 @@ def make_vector_env(
     if backend == "envpool":
         from klppo.rl.envpool_backend import EnvPoolSameStep
 
-        env = EnvPoolSameStep(env_id, num_envs, seed)
-        env.reset(seed=seed)
-        return env
+        pool = EnvPoolSameStep(env_id, num_envs, seed)
+        pool.reset(seed=seed)
+        return pool
     env_id = _resolve_id(env_id)
     spec = gym.spec(env_id)
     kwargs = dict(env_kwargs or {})
+    env: Any
     try:
         if vectorization == "auto" and env_id.startswith("CartPole") and spec.vector_entry_point \
                 and not kwargs:

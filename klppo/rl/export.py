@@ -36,8 +36,9 @@ def export_policy(module: nn.Module, obs_dim: int, path: Path) -> Path:
         program = torch.onnx.export(module, example, input_names=["obs"],
                                     output_names=["action"], dynamic_shapes=shapes, dynamo=True,
                                     verbose=False)
+        assert program is not None  # dynamo=True without a file name returns the program
         program.save(str(path))
         return path
-    program = torch.export.export(module, example, dynamic_shapes=shapes)
-    torch.export.save(program, str(path))
+    exported = torch.export.export(module, example, dynamic_shapes=shapes)
+    torch.export.save(exported, str(path))
     return path

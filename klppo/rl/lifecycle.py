@@ -5,11 +5,12 @@ single- and multi-agent trainers share (:class:`RunTrainer`)."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
-from klppo.rl.config import ConfigError, TrainConfig, from_dict, to_dict, validate
+from klppo.rl.config import ConfigError, TrainConfig, from_dict, to_dict
+from klppo.rl.config_checks import validate
+from klppo.rl.lr_schedule import lr_fraction
 from klppo.runs import checkpoint as ckpt
 from klppo.runs import rundir as R
 from klppo.runs.errors import ResumeError
@@ -23,7 +24,8 @@ __all__ = ["RunTrainer", "ResumeError", "read_run_config", "check_resume", "exte
 #: where files go, what is logged, how often to checkpoint, and where it computes (the device and
 #: torch's threads may change the rounding, as another machine would; the resume is recorded).
 RESUMABLE_CHANGES = frozenset({"out", "runs_root", "tensorboard", "track", "checkpoint_every",
-                               "device", "torch_threads", "metric_names", "wandb"})
+                               "device", "torch_threads", "envpool_threads", "metric_names",
+                               "wandb"})
 #: fields a resume with a new total (``klppo train --resume DIR --total-steps N``) sets: the
 #: total and where the learning-rate annealing goes on from (:func:`extend_config`)
 EXTENSION_FIELDS = frozenset({"total_steps", "lr_anneal_from"})
@@ -31,17 +33,23 @@ EXTENSION_FIELDS = frozenset({"total_steps", "lr_anneal_from"})
 
 class RunTrainer:
     """What the single- and multi-agent trainers share to run under
-    :func:`klppo.runs.lifecycle.run_iterations`: the counters from the config, the divergence
-    monitor, the checkpoint (with the config, which a resume checks) and the timing metrics.
-    A subclass sets ``cfg``, ``env`` and ``monitor`` and implements ``phases``, ``state_dict``
-    and ``describe``."""
+    :func:`klppo.runs.lifecycle.run_iterations` (a run alone) or
+    :func:`klppo.runs.group.run_group` (runs together): the counters from the config, the
+    divergence monitor, the checkpoint (with the config, which a resume checks), and the
+    iteration itself, which the run's engine group computes (:class:`klppo.rl.engine.Group`: a
+    run alone is a group of one). A subclass sets ``cfg``, ``env`` and ``monitor`` and
+    implements ``state_dict`` and ``describe``, and what the group asks of a member
+    (``start_iteration``, ``rollouts``, ``iteration_metrics``; ``collect`` unless it collects
+    in lock step)."""
 
     cfg: TrainConfig
     env: Any
     monitor: Any
     iteration: int
     global_step: int
-    _clock: tuple[float, int] | None = None
+    #: the engine group the run iterates in, and its index there (set by the group)
+    group: Any = None
+    group_index: int = 0
 
     @property
     def num_iterations(self) -> int:
@@ -51,21 +59,15 @@ class RunTrainer:
     def checkpoint_every(self) -> int:
         return self.cfg.checkpoint_every
 
-    def phases(self) -> dict[str, Any]:
-        raise NotImplementedError
-
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError
 
     def iterate(self) -> dict[str, Any]:
-        """One iteration's phases and metrics, with the wall time since this process started
-        iterating (``time_elapsed``) and its steps per second (``sps``)."""
-        if self._clock is None:
-            self._clock = (time.perf_counter(), self.global_step)
-        m = self.phases()
-        elapsed = time.perf_counter() - self._clock[0]
-        m["time_elapsed"] = elapsed
-        m["sps"] = (self.global_step - self._clock[1]) / max(elapsed, 1e-9)
+        """One iteration computed by the run's group, with the wall time since the group
+        started iterating (``time_elapsed``) and the run's steps per second (``sps``)."""
+        m = self.group.iterate([self.group_index])[0]
+        if isinstance(m, BaseException):
+            raise m
         return m
 
     def check(self, metrics: dict[str, Any]) -> list[str]:
@@ -183,10 +185,9 @@ def extend_config(cfg: TrainConfig, iteration: int, total_steps: int) -> TrainCo
 
     The iterations done keep their learning rates; with ``ppo.anneal_lr`` the rate of the next
     iteration equals that of iteration ``iteration`` and falls linearly to 0 at the new end
-    (``lr_anneal_from``, :func:`klppo.rl.unit.lr_fraction`): it never jumps. A run with no
+    (``lr_anneal_from``, :func:`klppo.rl.lr_schedule.lr_fraction`): it never jumps. A run with no
     iteration done simply gets the new total. :class:`ConfigError` naming ``total_steps`` when
     it adds no iteration."""
-    from klppo.rl.unit import lr_fraction
 
     if isinstance(total_steps, bool) or not isinstance(total_steps, int):
         raise ConfigError(f"total_steps={short_repr(total_steps)}: must be an integer")

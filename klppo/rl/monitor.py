@@ -77,7 +77,8 @@ class _Once:
     """Collects messages, each kind once per monitor."""
 
     def __init__(self, seen: set[str]) -> None:
-        self.seen, self.messages = seen, []
+        self.seen = seen
+        self.messages: list[str] = []
 
     def append(self, kind: str, message: str) -> None:
         if kind not in self.seen:

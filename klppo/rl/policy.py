@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from klppo.nn.actor_critic import ActorCritic, make_head
-from klppo.nn.distributions import CategoricalHead
+from klppo.nn.distributions import CategoricalHead, DiagGaussianHead
 from klppo.rl.config import TrainConfig
 from klppo.rl.envs import ObsNormalizer, check_env, make_env
 from klppo.rl.spaces import read_spaces
@@ -46,8 +46,9 @@ class Policy:
                  obs_norm: ObsNormalizer | None) -> None:
         self.agent, self.config, self.action_space = agent.eval(), config, action_space
         self.obs_norm = obs_norm
-        self.obs_dim = int(agent.actor[0].in_features if agent.trunk is None
-                           else agent.trunk[0].in_features)
+        # the first layer: the trunk's, or (without a trunk) the actor MLP's
+        first = cast(nn.Sequential, agent.actor if agent.trunk is None else agent.trunk)[0]
+        self.obs_dim = int(cast(nn.Linear, first).in_features)
         self.discrete = isinstance(agent.head, CategoricalHead)
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
@@ -64,12 +65,14 @@ class Policy:
         params = self.agent.policy_params(torch.from_numpy(self.normalize(obs)))
         head = self.agent.head
         if deterministic:
-            action = params.argmax(-1) if self.discrete else head.split(params)[0]
+            chosen = (params.argmax(-1) if self.discrete
+                      else cast(DiagGaussianHead, head).split(params)[0])
         else:
-            action = head.sample(params, generator)
-        action = action.numpy()
+            chosen = head.sample(params, generator)
+        action: np.ndarray = chosen.numpy()
         if not self.discrete:
-            action = np.clip(action, self.action_space.low, self.action_space.high)
+            space = cast(gym.spaces.Box, self.action_space)  # a Box: make_head allows no other
+            action = np.clip(action, space.low, space.high)
         return action
 
     def predict(self, observation: np.ndarray, state: Any = None, episode_start: Any = None,
@@ -104,19 +107,25 @@ class Policy:
 class _Exported(nn.Module):
     """The deterministic policy as one exportable module (float64 normalisation, as numpy)."""
 
+    # buffers (register_buffer)
+    mean: torch.Tensor
+    var: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
+
     def __init__(self, policy: Policy) -> None:
         super().__init__()
         a = copy.deepcopy(policy.agent).requires_grad_(False)
         self.trunk = a.trunk if a.trunk is not None else nn.Identity()
         self.actor = a.actor
         self.discrete = policy.discrete
-        self.act_dim = 0 if policy.discrete else a.head.dim
+        self.act_dim = 0 if policy.discrete else cast(DiagGaussianHead, a.head).dim
         n = policy.obs_norm
         self.normalise = n is not None
         self.register_buffer("mean", torch.as_tensor(n.rms.mean if n else np.zeros(1)).double())
         self.register_buffer("var", torch.as_tensor(n.rms.var if n else np.ones(1)).double())
         self.clip_obs = float(n.clip) if n else 0.0
-        space = policy.action_space
+        space = cast(gym.spaces.Box, policy.action_space)  # read only when not discrete
         low = np.zeros(1) if policy.discrete else space.low
         high = np.zeros(1) if policy.discrete else space.high
         self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
@@ -153,6 +162,7 @@ def _policy(cfg: TrainConfig, state: Any, obs_space: gym.Space, act_space: gym.S
     :class:`~klppo.runs.checkpoint.CheckpointError` naming ``source`` (the checkpoint) and
     the mismatch when the state does not fit the run's config (another run's checkpoint)."""
     n = cfg.net
+    assert obs_space.shape is not None  # a Box or Discrete space (spaces.json, make_head)
     obs_dim = int(np.prod(obs_space.shape))
     agent = ActorCritic(obs_dim, make_head(act_space), n.hidden, n.shared_trunk,
                         n.separate_losses, n.log_std_init)
@@ -164,7 +174,9 @@ def _policy(cfg: TrainConfig, state: Any, obs_space: gym.Space, act_space: gym.S
     obs_norm = None
     if state.get("obs_norm") is not None:
         saved = state["obs_norm"]
-        shape = np.shape(saved.get("mean")) if isinstance(saved, dict) else None
+        # np.shape(None) is (): a missing mean is reported as its shape
+        shape = (np.shape(cast(Any, saved.get("mean"))) if isinstance(saved, dict)
+                 else None)
         if shape is None or int(np.prod(shape)) != obs_dim:
             raise ckpt.CheckpointError(f"{source}: {fits}: its observation normaliser has "
                                        f"shape {list(shape or [])}, the env's observations "

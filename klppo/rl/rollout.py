@@ -1,4 +1,8 @@
-"""Rollout collection into preallocated buffers, with episode statistics and bootstrapping."""
+"""One run's rollout state: its preallocated buffers, episode statistics and bootstrapping.
+
+The engine collects every single-agent run through its :class:`Collector` in lock step with the
+other runs of its stack (:mod:`klppo.rl.engine.collect`); the collector holds what the run's
+checkpoint keeps of its collection (next observation, episode counters, runner generator)."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from klppo.nn.numpy.weights import FlatWeights
 from klppo.nn.runners import make_runner
 from klppo.rl.envs import ObsNormalizer, RewardScaler
 
-__all__ = ["NonFiniteEnvError", "RolloutBuffer", "Collector", "EpisodeStats", "bootstrap"]
+__all__ = ["NonFiniteEnvError", "RolloutBuffer", "Collector", "EpisodeStats", "bootstrap",
+           "bootstrap_truncated"]
 
 
 def bootstrap(b: dict[str, np.ndarray], runner: Any, next_obs: np.ndarray,
@@ -27,6 +32,13 @@ def bootstrap(b: dict[str, np.ndarray], runner: Any, next_obs: np.ndarray,
     collection share it."""
     b["next_values"][:-1] = b["values"][1:]
     b["next_values"][-1] = runner.value(next_obs)
+    bootstrap_truncated(b, runner, trunc_final, obs_norm)
+
+
+def bootstrap_truncated(b: dict[str, np.ndarray], runner: Any,
+                        trunc_final: list[tuple[int, int, np.ndarray]], obs_norm: Any) -> None:
+    """``b["next_values"][t, i]`` = V(final observation, normalised as the policy saw its
+    other observations) at the steps ``(t, i, final_obs)`` where an episode was truncated."""
     if trunc_final:
         finals = np.stack([f for _, _, f in trunc_final])
         if obs_norm is not None:
@@ -87,13 +99,14 @@ class EpisodeStats:
 
 
 class Collector:
-    """Steps a SAME_STEP-autoreset vector env with the current policy.
+    """One run's side of collection from a SAME_STEP-autoreset vector env (see the module
+    docstring).
 
     Actions come from a runner (:mod:`klppo.nn.runners`) with its own seeded generator
-    (checkpointed): the numpy runner on ``weights``, the numpy step's buffer, else the torch
-    runner. Box actions are clipped to the action space for the env while the buffer keeps the
-    unclipped action and its log-probability. Truncated steps store ``V(final observation)`` in
-    ``next_values``.
+    (checkpointed): the numpy runner on ``weights``, its numpy stack row, else the torch
+    runner. Box actions are clipped to ``act_low`` / ``act_high`` for the env while the buffer
+    keeps the unclipped action and its log-probability. Truncated steps store ``V(final
+    observation)`` in ``next_values``.
     """
 
     def __init__(self, env: gym.vector.VectorEnv, agent: ActorCritic, num_steps: int, seed: int,
@@ -106,9 +119,9 @@ class Collector:
         self.runner = make_runner(agent, seed, weights)
         self.obs_norm = obs_norm
         self.reward_scaler = reward_scaler
-        obs_space = env.single_observation_space
+        obs_space: Any = env.single_observation_space  # a Box (checked when the env was made)
         self.obs_dim = int(np.prod(obs_space.shape))
-        act_space = env.single_action_space
+        act_space: Any = env.single_action_space  # Discrete or Box
         self.box = isinstance(self.head, DiagGaussianHead)
         if self.box:
             self.act_low = act_space.low.astype(np.float32)
@@ -146,60 +159,23 @@ class Collector:
             raise NonFiniteEnvError(f"iteration {iteration}, step {t}: the environment returned "
                                     f"a non-finite reward")
 
-    def collect(self, iteration: int) -> EpisodeStats:
-        """One rollout of ``T`` steps with the runner; the episodes that ended in it."""
-        self.begin()
-        for t in range(self.T):
-            self.record(t, *self.runner.act(self.next_obs), iteration)
-        return self.finish()
-
-    # The phases of :meth:`collect`, public for the batched engine (:mod:`klppo.rl.batched`),
-    # which acts for many runs' collectors with one forward and steps each with ``record``.
     def begin(self) -> None:
-        """Start a rollout."""
+        """Start a rollout (the engine collects it: :mod:`klppo.rl.engine.collect`)."""
         self.stats, self.trunc_final = EpisodeStats(), []
 
-    def record(self, t: int, action: np.ndarray, logp: np.ndarray, params: np.ndarray,
-               value: np.ndarray, iteration: int) -> None:
-        """Step ``t`` of the rollout: store the runner's output for ``next_obs``, step the env
-        with the (clipped) action, and keep the rewards, ends and next observation."""
-        b, stats = self.np, self.stats
-        b["obs"][t] = self.next_obs
-        b["actions"][t] = action
-        b["logp"][t] = logp
-        b["params"][t] = params
-        b["values"][t] = value
-        env_action = (np.minimum(np.maximum(action, self.act_low), self.act_high)
-                      if self.box else action)  # np.clip, without its overhead
-        obs, rew, term, trunc, info = self.env.step(env_action)
-        rew = np.asarray(rew, dtype=np.float64)
-        self._check(obs, rew, iteration, t)
-        done = term | trunc
-        self.ep_return += rew
-        self.ep_length += 1
-        if done.any():
-            for i in np.flatnonzero(done):
-                stats.returns.append(float(self.ep_return[i]))
-                stats.lengths.append(int(self.ep_length[i]))
-                if trunc[i] and not term[i]:
-                    final = np.asarray(info["final_obs"][i], dtype=np.float32).reshape(-1)
-                    self._check(final, rew, iteration, t)
-                    self.trunc_final.append((t, int(i), final))
-            self.ep_return[done] = 0.0
-            self.ep_length[done] = 0
-        if self.reward_scaler is not None:
-            rew = self.reward_scaler(rew, done)
-        b["rewards"][t] = rew
-        b["terminated"][t] = term
-        b["truncated"][t] = trunc & ~term
-        self.next_obs = self._prep_obs(obs, update=True)
+    def bootstrap_truncated(self) -> None:
+        """V(final observation) where an episode of the rollout was truncated (the engine
+        bootstraps the rest for all its runs at once)."""
+        bootstrap_truncated(self.np, self.runner, self.trunc_final, self.obs_norm)
 
-    def finish(self) -> EpisodeStats:
-        """End a rollout: bootstrap the values; the episodes that ended in it."""
-        bootstrap(self.np, self.runner, self.next_obs, self.trunc_final, self.obs_norm)
-        return self.stats
+    def use_buffers(self, arrays: dict[str, np.ndarray]) -> None:
+        """Collect into ``arrays`` (one ``[T, N, ...]`` array per buffer field, e.g. this run's
+        row of a stacked buffer) from now on."""
+        self.np = arrays
+        self.buf = RolloutBuffer(**{k: torch.from_numpy(v) for k, v in arrays.items()})
 
     def state_dict(self) -> dict[str, Any]:
+        assert self.next_obs is not None  # (set by reset)
         return {"next_obs": self.next_obs.copy(), "ep_return": self.ep_return.copy(),
                 "ep_length": self.ep_length.copy(), "runner": self.runner.state_dict()}
 

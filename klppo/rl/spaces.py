@@ -68,7 +68,8 @@ def space_from_json(d: Any, where: str) -> spaces.Space:
         raise CheckpointError(f"{where}: not a Box or Discrete space ({str(d)[:80]})")
     if d["type"] == "Discrete":
         n, start = d.get("n"), d.get("start", 0)
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, start)) or n < 1:
+        if not (isinstance(n, int) and not isinstance(n, bool)
+                and isinstance(start, int) and not isinstance(start, bool)) or n < 1:
             raise CheckpointError(f"{where}: Discrete needs integers n >= 1 and start")
         return spaces.Discrete(n, start=start)
     shape, dtype = d.get("shape"), d.get("dtype")

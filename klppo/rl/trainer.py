@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +19,10 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from klppo.rl.config import TrainConfig, to_dict, validate
+from klppo.rl.config import TrainConfig, to_dict
+from klppo.rl.config_checks import validate
+from klppo.rl.engine.group import Group
+from klppo.rl.engine.groups import StackSet
 from klppo.rl.envs import (
     check_env,
     env_state,
@@ -52,8 +54,10 @@ from klppo.runs.threads import compute_threads
 
 log = logging.getLogger(__name__)
 
-#: builds a run's step backend from its network and loss (the batched engine's row of its stack)
+#: builds a policy's row of its stack from its network and loss
 MakeStep = Callable[[Any, Any], Any]
+#: a run's makers: its policy's name and config -> the policy's MakeStep
+Makers = Callable[[str, TrainConfig], MakeStep]
 
 __all__ = ["TrainResult", "TrainingError", "ResumeError", "train", "resume", "plan_resume",
            "final_return", "TIMING_KEYS"]
@@ -91,11 +95,14 @@ class TrainResult:
 
 
 class _Trainer(RunTrainer):
-    """A single-agent run: one vector env, one collector, one :class:`PolicyUnit`
-    (``make_step``: its step backend, see :class:`PolicyUnit`)."""
+    """A single-agent run: one vector env, one collector, one :class:`PolicyUnit` whose network
+    is a row of a stack (``make_step``: its :class:`~klppo.rl.engine.StackSet` maker). Its
+    iterations are its engine group's (:class:`~klppo.rl.engine.Group`), which collects it in lock
+    step with the other single-agent runs of its stack."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, make_step: MakeStep | None = None
-                 ) -> None:
+    lockstep = True
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, make_step: MakeStep) -> None:
         self.cfg = validate(cfg)
         self.run_dir = run_dir
         torch.manual_seed(cfg.seed)
@@ -111,10 +118,17 @@ class _Trainer(RunTrainer):
         self.monitor = ExplosionMonitor()
         self.iteration = 0
         self.global_step = 0
-        #: a run sharing its process with others (the batched engine) keeps its own torch RNG
-        #: state here for its checkpoint: the state its own process would hold; None: the
-        #: process's (torch's global generator)
-        self.own_torch_rng: torch.Tensor | None = None
+        #: the torch RNG state this run's own process would hold (runs share a process): what
+        #: its checkpoint saves
+        self.own_torch_rng = torch.get_rng_state()
+
+    @classmethod
+    def alone(cls, cfg: TrainConfig, run_dir: Path) -> _Trainer:
+        """The trainer of a run alone (a group of one), outside any run-directory lifecycle."""
+        stacks = StackSet.of([cfg])
+        tr = cls(cfg, run_dir, stacks.maker(0, "", cfg))
+        Group([tr])
+        return tr
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -123,8 +137,7 @@ class _Trainer(RunTrainer):
             "global_step": self.global_step,
             **self.unit.state_dict(),
             "collector": self.collector.state_dict(),
-            "torch_rng": (torch.get_rng_state() if self.own_torch_rng is None
-                          else self.own_torch_rng),
+            "torch_rng": self.own_torch_rng,
             "env": env_state(self.env),
         }
 
@@ -134,6 +147,7 @@ class _Trainer(RunTrainer):
         self.unit.load_state_dict(s)
         self.collector.load_state_dict(s["collector"])
         torch.set_rng_state(s["torch_rng"])
+        self.own_torch_rng = torch.get_rng_state()
         problems = list(restore_env_state(self.env, s.get("env"), self.cfg.env))
         if problems:  # the env could not be restored: start new episodes, deterministically
             self.collector.reset(self.cfg.seed + self.iteration)
@@ -148,23 +162,29 @@ class _Trainer(RunTrainer):
         return (f"step {self.global_step} return {m['episode_return_mean']} "
                 f"kl {m['kl_rollout']:.4g}")
 
-    # ---------------------------------------------------------------- phases
-    def phases(self) -> dict[str, Any]:
-        cfg = self.cfg
-        it = self.iteration + 1
-        lr = self.unit.start_iteration(it)  # the schedule's, or the lr actuator's
-        t0 = time.perf_counter()
-        episodes = self.collector.collect(it)                                   # 1. collect
-        self.global_step += cfg.batch_size
-        t1 = time.perf_counter()
-        policy = self.unit.learn(self.collector.buf, it)                       # 2-4. learn
-        t2 = time.perf_counter()
-        self.iteration = it
-        m: dict[str, Any] = {"iteration": it, "global_step": self.global_step,  # 5. log
-                             **episode_means(episodes.returns, episodes.lengths), "lr": lr,
-                             **policy}
-        m.update(time_collect=t1 - t0, time_update=t2 - t1)
-        return m
+    # ---------------------------------------------------------------- what the group asks
+    def start_iteration(self, it: int) -> float:
+        """Set iteration ``it``'s learning rate; return it."""
+        return self.unit.start_iteration(it)
+
+    def collect_rollout(self, iteration: int) -> Any:
+        """One rollout of this run alone through its group's lock-step collection (what an
+        iteration collects; for tests and notebooks): its episodes."""
+        out = self.group.collect({self.group_index: self}, {self.group_index: iteration})
+        res = out[self.group_index]
+        if isinstance(res, BaseException):
+            raise res
+        return res
+
+    def rollouts(self, episodes: Any) -> list[tuple[str, PolicyUnit, Any]]:
+        """The policy and the buffer it learns from after a rollout."""
+        return [("", self.unit, self.collector.buf)]
+
+    def iteration_metrics(self, it: int, episodes: Any, reports: dict[str, dict[str, Any]],
+                          lr: float) -> dict[str, Any]:
+        """One iteration's metrics from its episodes and the policy's report."""
+        return {"iteration": it, "global_step": self.global_step,
+                **episode_means(episodes.returns, episodes.lengths), "lr": lr, **reports[""]}
 
 
 def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
@@ -194,12 +214,19 @@ def _run(tr: _Trainer | MultiTrainer, life: RunLife, on_iteration: OnIteration) 
 
 
 def _start(run_dir: Path, cfg: TrainConfig, lock: R.DirLock,
-           make_step: MakeStep | None = None) -> _Trainer | MultiTrainer:
+           makers: Makers | None = None) -> _Trainer | MultiTrainer:
     """Build the trainer in a locked run directory and record its spaces (``spaces.json``, so
-    :func:`klppo.load` needs no env); a failure leaves status 'failed'."""
+    :func:`klppo.load` needs no env); a failure leaves status 'failed'. Without ``makers`` (the
+    rows of a group's stacks) the run is a group of one."""
     try:
-        tr = (MultiTrainer(cfg, run_dir) if is_multiagent(cfg.env)
-              else _Trainer(cfg, run_dir, make_step))
+        alone = makers is None
+        if makers is None:
+            stacks = StackSet.of([cfg])
+            makers = lambda name, c: stacks.maker(0, name, c)  # noqa: E731
+        tr = (MultiTrainer(cfg, run_dir, makers) if is_multiagent(cfg.env)
+              else _Trainer(cfg, run_dir, makers("", cfg)))
+        if alone:
+            Group([tr])
         try:
             _save_spaces(tr, run_dir)
         except BaseException:
@@ -241,7 +268,7 @@ def train(config: TrainConfig, on_iteration: OnIteration = None) -> TrainResult:
         return _run(tr, life, on_iteration)
 
 
-def open_new(config: TrainConfig, threads: dict[str, Any], make_step: MakeStep | None = None,
+def open_new(config: TrainConfig, threads: dict[str, Any], makers: Makers | None = None,
              meta: dict[str, Any] | None = None) -> tuple[_Trainer | MultiTrainer, RunLife]:
     """A new run's locked directory with its config and metadata (``meta`` added to it), and
     its trainer at its first episodes (``config`` checked by the caller)."""
@@ -250,7 +277,7 @@ def open_new(config: TrainConfig, threads: dict[str, Any], make_step: MakeStep |
         lock.release()
         raise FileExistsError(f"out={str(run_dir)!r} already holds a run; use --resume")
     _write_start_files(run_dir, config, threads, lock, meta)
-    tr = _start(run_dir, config, lock, make_step)
+    tr = _start(run_dir, config, lock, makers)
     tr.start()
     return tr, RunLife(run_dir, lock)
 
@@ -319,7 +346,7 @@ def resume(run_dir: str | Path, on_iteration: OnIteration = None,
 
 
 def open_existing(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
-                  make_step: MakeStep | None = None, meta: dict[str, Any] | None = None,
+                  makers: Makers | None = None, meta: dict[str, Any] | None = None,
                   total_steps: int | None = None
                   ) -> tuple[_Trainer | MultiTrainer, RunLife, list[dict[str, Any]]]:
     """Lock a run directory (``cfg`` is its config), check its files, and rebuild its trainer
@@ -343,7 +370,7 @@ def open_existing(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
         write_extension(run_dir, cfg, state)
         if old != cfg.total_steps:
             meta = {**(meta or {}), "extended": {"total_steps": [old, cfg.total_steps]}}
-    tr = _start(run_dir, cfg, lock, make_step)
+    tr = _start(run_dir, cfg, lock, makers)
     problems = _restore(tr, state, lock)
     _record_start(run_dir, state, threads, meta)
     M.rewrite_metrics(run_dir / "metrics.jsonl", kept)

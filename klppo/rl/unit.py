@@ -1,9 +1,9 @@
 """One policy's learning state and its per-iteration phases after collection.
 
-A :class:`PolicyUnit` holds what one policy learns with: its networks, step backend (torch or the
-numpy fast path), loss, KL controller, learner, KL monitor and normalisers. The single-agent
-trainer has one; a multi-agent run (:mod:`klppo.rl.marl`) has one per policy, each with its own
-objective, controller and target: each policy is one more learner over the same env loop.
+A :class:`PolicyUnit` holds what one policy learns with: its networks (a row of a stack, numpy
+or torch: :mod:`klppo.rl.engine`), loss, KL controller, learner, KL monitor and normalisers. The
+single-agent trainer has one; a multi-agent run (:mod:`klppo.rl.marl`) has one per policy, each
+with its own objective, controller and target: each policy is one more row.
 """
 
 from __future__ import annotations
@@ -22,20 +22,21 @@ from klppo.core.loss import PPOLoss
 from klppo.core.monitor import KLMonitor
 from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
-from klppo.rl.backends import make_backend
 from klppo.rl.config import TrainConfig
 from klppo.rl.envs import ObsNormalizer, RewardScaler
+from klppo.rl.lr_schedule import learning_rate
 from klppo.rl.policy import load_weights
 from klppo.rl.rollout import RolloutBuffer
 from klppo.rl.update import Batch, Learner, UpdateResult, make_loss
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PolicyUnit", "episode_means", "learning_rate", "lr_fraction"]
+__all__ = ["PolicyUnit", "episode_means"]
 
 
 class PolicyUnit:
-    """Networks, backend, loss, controller, learner, KL monitor and normalisers of one policy.
+    """Networks (a stack row), loss, controller, learner, KL monitor and normalisers of one
+    policy.
 
     ``cfg`` is the policy's own config (objective, ppo, kl, net); ``num_columns`` the number of
     ``[T, N]`` buffer columns it learns from (envs x agents of this policy); ``name`` prefixes
@@ -43,17 +44,16 @@ class PolicyUnit:
     """
 
     def __init__(self, cfg: TrainConfig, obs_dim: int, action_space: Any, num_columns: int,
-                 shuffle_seed: int, name: str = "",
-                 make_step: Callable[[ActorCritic, PPOLoss], Any] | None = None) -> None:
+                 shuffle_seed: int, make_step: Callable[[ActorCritic, PPOLoss], Any],
+                 name: str = "") -> None:
         self.cfg, self.name, self.obs_dim = cfg, name, obs_dim
         n, r, k = cfg.net, cfg.rollout, cfg.kl
         self.agent = ActorCritic(obs_dim, make_head(action_space), n.hidden, n.shared_trunk,
                                  n.separate_losses, n.log_std_init)
         loss = make_loss(cfg)
-        backend = (make_step(self.agent, loss) if make_step is not None else
-                   make_backend(self.agent, loss, cfg.ppo, cfg.fast_path, cfg.device))
+        backend = make_step(self.agent, loss)  # its row of a stack
         self.fast = backend.fast
-        #: the numpy step's weight buffer, handed to the rollout runner (None: torch backend)
+        #: the numpy stack's row, handed to the rollout runner (None: a torch stack's row)
         self.weights = getattr(backend, "weights", None)
         self.controller = make_controller(k.controller, **k.controller_options())
         self.uses_beta = loss.policy.uses_beta
@@ -130,13 +130,6 @@ class PolicyUnit:
         return Batch(flat(b.obs), flat(b.actions), flat(b.logp), flat(b.params), flat(b.values),
                      flat(adv), flat(ret))
 
-    def learn(self, b: RolloutBuffer, iteration: int) -> dict[str, Any]:
-        """Advantages, update and controller on one collected rollout; the policy's metrics."""
-        batch = self.advantages(b)                                             # 2. advantages
-        result = self.learner.update(batch)                                    # 3. update
-        kl_rollout, ctrl_updates = self.learner.end_iteration(batch)           # 4. controller
-        return self.report(batch, result, kl_rollout, ctrl_updates, iteration)
-
     def report(self, batch: Batch, result: UpdateResult, kl_rollout: float,
                ctrl_updates: list[dict], iteration: int) -> dict[str, Any]:
         """The policy's metrics of one iteration from its update and controller (and the KL
@@ -181,25 +174,3 @@ def episode_means(returns: list[float], lengths: list[int]) -> dict[str, Any]:
         "episode_length_mean": float(np.mean(lengths)) if lengths else None,
         "episode_count": len(returns),
     }
-
-
-def learning_rate(cfg: TrainConfig, it: int) -> float:
-    """Iteration ``it``'s learning rate: ``ppo.lr``, annealed linearly with ``ppo.anneal_lr``
-    (:func:`lr_fraction`)."""
-    return cfg.ppo.lr * lr_fraction(cfg, it) if cfg.ppo.anneal_lr else cfg.ppo.lr
-
-
-def lr_fraction(cfg: TrainConfig, it: int) -> float:
-    """The fraction of ``ppo.lr`` that iteration ``it`` (1-based) learns with.
-
-    A run of N iterations anneals from 1 at iteration 1 to 1/N at iteration N (CleanRL's
-    schedule). A run whose total was changed at iteration k by ``klppo train --resume DIR
-    --total-steps`` (``lr_anneal_from = (k, f)``, f the fraction of iteration k) goes on from f
-    at iteration k + 1 to f / (N - k) at its new last iteration N: the rate never jumps, and a
-    run extended twice is annealed piece by piece. Without ``ppo.anneal_lr``: 1."""
-    if not cfg.ppo.anneal_lr:
-        return 1.0
-    if cfg.lr_anneal_from is None:
-        return 1.0 - (it - 1) / cfg.num_iterations
-    k, f = int(cfg.lr_anneal_from[0]), float(cfg.lr_anneal_from[1])
-    return f if it <= k else f * (1.0 - (it - k - 1) / (cfg.num_iterations - k))

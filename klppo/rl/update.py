@@ -1,13 +1,13 @@
-"""The PPO update phase: ONE loop of epochs and minibatch steps over a step backend.
+"""One policy's side of the PPO update: its loss, learner state, schedule and diagnostics.
 
-``Learner.update`` reads top to bottom: for each epoch a fresh permutation, for each minibatch
-an optional early-stop check, the lr / clip actuator's and the clip-bound controller's (BAPO's)
-before-step updates, one backend step
-(:mod:`klppo.rl.backends`: torch autograd or the numpy fast path, same contract), then the
-:class:`Schedule`, which owns the controller cadence (minibatch / epoch / iteration), the
-actuator's after-step update and both early stops. The steps keep their detached per-sample
-outputs; the diagnostics (docs/metrics.md) are computed once per iteration over all of them,
-which gives the same means as averaging per-minibatch values at a fraction of the cost.
+The update loop itself (epochs, minibatches, steps) is the engine's, written once for a stack of
+policies (:func:`klppo.rl.engine.learn.update_rows`). Per policy it uses what this module holds:
+a :class:`Learner` (its stack row, loss, KL controller, shuffle generator, lr / clip actuator and
+clip-bound controller), a :class:`Schedule` per update, which owns the controller cadence
+(minibatch / epoch / iteration), the actuator's updates around each step and both early stops,
+and :meth:`Learner.diagnostics`, computed once per iteration over every step's detached
+per-sample outputs (the same means as averaging per-minibatch values, at a fraction of the
+cost; docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from klppo.rl.band_control import BandControl
 from klppo.rl.config import TrainConfig
 
 __all__ = ["Batch", "UpdateResult", "Schedule", "Learner", "make_loss"]
+
 
 _KEEP = ("idx", "logp", "values", "entropy", "kl", "adv", "grad_norm")
 
@@ -100,7 +101,9 @@ class Schedule:
 
     def _update(self, kl: Any, n_steps: int) -> None:
         self.controller.update(float(kl), n_steps=n_steps)
-        self.updates.append(self.controller.info.as_dict())
+        info = self.controller.info
+        assert info is not None  # (an update records it)
+        self.updates.append(info.as_dict())
 
     def beta(self) -> float:
         return self.controller.value if self.uses_beta else 0.0
@@ -111,7 +114,7 @@ class Schedule:
     def skip_minibatch(self, k3: Any) -> bool:
         """Minibatch early stop; ``k3`` is called only when that rule is on."""
         p = self.cfg.ppo
-        if p.early_stop == "minibatch" and k3() > 1.5 * p.target_kl:
+        if p.early_stop == "minibatch" and k3() > 1.5 * _target(p.target_kl):
             self.early_stopped = True
         return self.early_stopped
 
@@ -141,7 +144,7 @@ class Schedule:
             self._update(d, len(batch))
         if self.cfg.ppo.early_stop == "epoch" and last is not None:
             log_r = torch.as_tensor(last.logp) - batch.logp[torch.as_tensor(last.idx)]
-            if float(k3(log_r).mean()) > self.cfg.ppo.target_kl:
+            if float(k3(log_r).mean()) > _target(self.cfg.ppo.target_kl):
                 self.early_stopped = True
         return self.early_stopped
 
@@ -151,6 +154,7 @@ class Schedule:
         k = self.cfg.kl
         if not (self.uses_beta and k.cadence == "iteration"):
             return
+        d: Any
         if k.measure == "rollout" or self.last_kl is None:
             d = rollout_kl
         elif k.measure == "epoch_mean":
@@ -161,8 +165,10 @@ class Schedule:
 
 
 class Learner:
-    """Applies the update epochs with a step backend; the controller is updated by the
-    :class:`Schedule` from the KL measured on the minibatches (never inside the loss)."""
+    """One policy's learner state: its stack row (``backend``, a
+    :class:`~klppo.rl.engine.rows.RowSlot`), loss, KL controller (updated by the
+    :class:`Schedule` from the KL measured on the minibatches, never inside the loss), shuffle
+    generator, and its lr / clip actuator and clip-bound controller if it has them."""
 
     def __init__(self, cfg: TrainConfig, backend: Any, loss: PPOLoss,
                  controller: KLController, generator: torch.Generator) -> None:
@@ -176,33 +182,26 @@ class Learner:
     def set_lr(self, lr: float) -> None:
         self.backend.set_lr(lr)
 
-    def update(self, batch: Batch) -> UpdateResult:
+    def new_schedule(self) -> Schedule:
+        """The schedule of a new update (it starts the actuator's record)."""
+        self.schedule = Schedule(self.cfg, self.controller, self.uses_beta, self.actuation,
+                                 self.band)
+        return self.schedule
+
+    def advantages_for_update(self, batch: Batch) -> torch.Tensor:
+        """The advantages the steps use: normalised once over the rollout with
+        ``ppo.norm_adv rollout`` (per minibatch, inside the loss, with ``minibatch``)."""
+        if self.cfg.ppo.norm_adv == "rollout":
+            return normalize_advantage(batch.advantages)
+        return batch.advantages
+
+    def update_metrics(self, batch: Batch, steps: list[StepResult], sched: Schedule,
+                       epochs: int) -> UpdateResult:
+        """The update's metrics (diagnostics, early stop, steps, the actuator's and the band
+        controller's) and controller records."""
         p, B = self.cfg.ppo, len(batch)
-        adv = normalize_advantage(batch.advantages) if p.norm_adv == "rollout" else batch.advantages
-        self.schedule = sched = Schedule(self.cfg, self.controller, self.uses_beta,
-                                         self.actuation, self.band)
-        self.backend.begin(batch, adv)
-        if self.band is not None:
-            self.band.begin(adv)
-        steps: list[StepResult] = []
-        epochs = 0  # passes that took at least one step (one cut short by the stop counts)
-        with validation(False):  # inputs come from a checked rollout; the result is checked below
-            for _epoch in range(p.update_epochs):
-                perm, before = torch.randperm(B, generator=self.gen), len(steps)
-                sched.start_epoch()
-                for start in range(0, B, p.minibatch_size):
-                    idx = perm[start:start + p.minibatch_size]
-                    if sched.skip_minibatch(lambda i=idx: self.backend.k3(i)):
-                        break  # the minibatch stop: out of this loop, then out of the epochs
-                    sched.before_step(idx)
-                    steps.append(self.backend.step(idx, sched.beta()))
-                    sched.after_step(steps[-1], len(idx))
-                epochs += len(steps) > before
-                if sched.early_stopped or len(steps) == before:
-                    break
-                if sched.after_epoch(steps[-1], batch):
-                    break
-            metrics = self._diagnostics(batch, steps)
+        with validation(False):
+            metrics = self.diagnostics(batch, steps)
         planned = p.update_epochs * -(-B // p.minibatch_size)
         metrics.update(early_stop=float(sched.early_stopped), epochs=float(epochs),
                        minibatch_steps=float(len(steps)), update_fraction=len(steps) / planned)
@@ -212,14 +211,8 @@ class Learner:
             metrics.update(self.band.metrics())
         return UpdateResult(metrics, sched.updates)
 
-    def end_iteration(self, batch: Batch) -> tuple[float, list[dict]]:
-        """The rollout KL after the update, and the iteration-cadence controller update."""
-        kl = self.backend.policy_kl(batch)
-        self.schedule.after_iteration(kl, len(batch))
-        return kl, self.schedule.updates
-
     @torch.no_grad()
-    def _diagnostics(self, batch: Batch, steps: list[StepResult]) -> dict[str, float]:
+    def diagnostics(self, batch: Batch, steps: list[StepResult]) -> dict[str, float]:
         """The policy diagnostics (docs/metrics.md) over every sample of every minibatch step."""
         if not steps:
             return {}
@@ -264,6 +257,12 @@ def _per_sample_band(policy: Any, steps: list[StepResult], eps: list[float] | No
         out.band = dataclasses.replace(policy.band, eps_low=per_sample([e[0] for e in edges]),
                                        eps_high=per_sample([e[1] for e in edges]))
     return out
+
+
+def _target(target_kl: float | None) -> float:
+    """``ppo.target_kl`` where an early stop reads it (validation makes it a number there)."""
+    assert target_kl is not None
+    return target_kl
 
 
 def _concat(parts: list) -> torch.Tensor:

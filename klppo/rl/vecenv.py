@@ -18,7 +18,7 @@ it changes no trajectory.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -83,7 +83,9 @@ class SameStepVecEnv:
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         self._elapsed = np.zeros(self.num_envs, np.int64)
-        self._obs = np.zeros((self.num_envs, *self.single_observation_space.shape),
+        obs_shape = self.single_observation_space.shape
+        assert obs_shape is not None, "the observation space has no shape"
+        self._obs = np.zeros((self.num_envs, *obs_shape),
                              dtype=self.single_observation_space.dtype)
         self._starts: list[tuple[str, Any]] = [("seed", None)] * self.num_envs
         self._actions: list[list[Any]] = [[] for _ in range(self.num_envs)]
@@ -95,13 +97,14 @@ class SameStepVecEnv:
         TimeLimit's rule, and the per-step cost of three Python wrappers is saved."""
         envs = [self.make_env() for _ in range(self.num_envs)]
         bare = [_bare(e) for e in envs]
-        if all(b is not None for b in bare):
-            limits = {b[1] for b in bare}
+        found = [b for b in bare if b is not None]
+        if len(found) == len(bare):
+            limits = {b[1] for b in found}
             if len(limits) == 1:
-                return [b[0] for b in bare], limits.pop()
+                return [b[0] for b in found], limits.pop()
         return envs, None
 
-    def _step_one(self, i: int, a: Any) -> tuple[Any, float, bool, bool]:
+    def _step_one(self, i: int, a: Any) -> tuple[Any, SupportsFloat, bool, bool]:
         o, r, term, trunc, _ = self.envs[i].step(a)
         if self.max_steps is not None:
             self._elapsed[i] += 1

@@ -28,7 +28,9 @@ CHECKPOINT = "checkpoint.pt"
 __all__ = ["CHECKPOINT", "CheckpointError", "save_checkpoint", "load_checkpoint", "load_data",
            "check_finite"]
 
-_MULTIARRAY = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+# numpy<2 fallback; numpy 2's stubs do not list np.core.multiarray
+_MULTIARRAY = (np._core.multiarray if hasattr(np, "_core")
+               else np.core.multiarray)  # type: ignore[attr-defined]
 #: the only globals a checkpoint may name: numpy arrays, their dtypes and numpy scalars
 SAFE_GLOBALS = [_MULTIARRAY._reconstruct, _MULTIARRAY.scalar, np.ndarray, np.dtype,
                 *(getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType"))]

@@ -20,7 +20,7 @@ import re
 import stat
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
@@ -30,7 +30,10 @@ from klppo.runs.typecheck import TypeCheckError, check_value, short_repr
 __all__ = ["MAX_YAML_NODES", "InputError", "InputFileError", "UnknownFieldError", "read_text",
            "parse_yaml", "read_config_file", "overlay", "field_hints"]
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 class InputFileError(InputError):
@@ -224,7 +227,9 @@ def overlay(base: T, values: dict[str, Any], prefix: str = "") -> T:
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise TypeCheckError(f"{prefix}{name}={short_repr(value)}: must be a mapping")
-            changes[name] = overlay(current, value, f"{prefix}{name}.")
+            # a config field holds a dataclass instance, never a dataclass class
+            changes[name] = overlay(typing.cast("DataclassInstance", current), value,
+                                    f"{prefix}{name}.")
         else:
             changes[name] = check_value(prefix + name, value, hints[name])
     return dataclasses.replace(base, **changes)

@@ -1,6 +1,6 @@
 """The run lifecycle (:mod:`klppo.runs.lifecycle`) for several runs that iterate together.
 
-The batched engine (:mod:`klppo.rl.batched`) computes one iteration of each of its runs in one
+The engine (:mod:`klppo.rl.engine`) computes one iteration of each run of a group in one
 call. Each run still has its own directory, lock, status.json, metrics, checkpoint cadence and
 warnings, exactly as :func:`~klppo.runs.lifecycle.run_iterations` gives a run of its own: the
 same :func:`~klppo.runs.lifecycle.record` after each iteration, the same :func:`fail` on an

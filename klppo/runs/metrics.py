@@ -139,7 +139,8 @@ class WandbSettings:
 class WandbSink:
     """Logs every numeric metric once under its dashboard name at ``step = global_step``, with
     the run's config as the W&B config. Offline mode (``WANDB_MODE=offline``) writes the run
-    under ``run_dir/wandb``."""
+    under ``run_dir/wandb``. Each sink owns its W&B run, so the runs of one engine group log
+    side by side from one process."""
 
     def __init__(self, run_dir: Path, name: str, config: dict[str, Any],
                  settings: WandbSettings = WandbSettings(),
@@ -151,7 +152,9 @@ class WandbSink:
         self._run = wandb.init(project=settings.project, entity=settings.entity,
                                group=settings.group, tags=list(settings.tags) or None,
                                name=name, config=config, dir=str(run_dir), resume="allow",
-                               id=wandb_run_id(run_dir))
+                               id=wandb_run_id(run_dir),
+                               # runs of one engine group log side by side from one process
+                               reinit="create_new")
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         self._run.log(dashboard_scalars(metrics, self.names), step=step)

@@ -332,7 +332,8 @@ def write_status(run_dir: Path, state: str, **fields: Any) -> None:
 
 def _overwrite_in_place(path: Path, record: dict[str, Any]) -> None:
     room = path.stat().st_size
-    short = {k: record[k] for k in ("state", "time", "iteration", "error") if k in record}
+    short: dict[str, Any] = {k: record[k] for k in ("state", "time", "iteration", "error")
+                             if k in record}
     short["note"] = "written in place on a full disk (the traceback is not kept)"
     data = json.dumps(short, default=str)
     if len(data) > room:

@@ -85,9 +85,10 @@ def test_crash_isolation_and_summary(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- stopping and killing a sweep
-#: 2 runs of 12 iterations (with 1 worker a stop finds one running and one not started)
+#: 2 runs of 32 iterations (with 1 worker a stop finds one running and one not started; long
+#: enough that a loaded machine cannot finish one before the test sees it running)
 STOP_SPEC = spec(conditions={"clip": {"objective": "clip"}}, seeds=[0, 1],
-                 base={**BASE, "total_steps": 6144})
+                 base={**BASE, "total_steps": 16384})
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +105,12 @@ def spec_file(tmp_path, s):
     return path
 
 
-def start_sweep(spec_path, out, workers=2):
+def start_sweep(spec_path, out, workers=2, engine="process"):
+    """A sweep in a subprocess; by default a process per run (these tests follow the workers
+    one by one; tests/experiments/test_sweep_batched.py stops a batched one)."""
     return subprocess.Popen([sys.executable, "-m", "klppo", "sweep", "--spec", str(spec_path),
-                             "--out", str(out), "--workers", str(workers)], cwd=ROOT,
+                             "--out", str(out), "--workers", str(workers), "--engine", engine],
+                            cwd=ROOT,
                             start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -172,7 +176,7 @@ def test_a_signal_stops_the_sweep_gracefully_and_a_rerun_resumes_exactly(tmp_pat
     assert index_states(out) == {0: "interrupted", 1: "pending"}
     assert run_status(out, 0)["state"] == "interrupted"
     assert len((out / "runs" / "CartPole-v1__clip__0" / "metrics.jsonl").read_text()
-               .splitlines()) < 12
+               .splitlines()) < 32
     assert not (out / "runs" / "CartPole-v1__clip__1" / "metrics.jsonl").exists()
     assert_resumes_exactly(out, clean)
 
@@ -193,7 +197,7 @@ def test_a_killed_sweep_leaves_no_worker_behind_and_resumes_exactly(tmp_path, cl
     status_1 = out / "runs" / "CartPole-v1__clip__1" / "status.json"
     assert not status_1.exists() or run_status(out, 1)["state"] == "interrupted"
     assert len((out / "runs" / "CartPole-v1__clip__0" / "metrics.jsonl").read_text()
-               .splitlines()) < 12
+               .splitlines()) < 32
     assert_resumes_exactly(out, clean)
 
 
@@ -340,10 +344,19 @@ def test_runs_launch_seed_by_seed(tmp_path, monkeypatch):
     before any run of seed 1 (the order of `seeds`, not of the names)."""
     import klppo.experiments.sweep as S
 
-    launched = []
-    monkeypatch.setattr(S, "run_local", lambda todo, workers, done, stop: launched.extend(todo))
+    launched, grouped = [], []
+
+    def run_local(todo, workers, done, stop, groups=None):
+        launched.extend(todo)
+        grouped.extend(groups or [])
+
+    monkeypatch.setattr(S, "run_local", run_local)
     s = spec(conditions={"a": {"objective": "clip"}, "b": {"objective": "kl_penalty"}},
              seeds=[3, 0, 1])
-    run_sweep(s, tmp_path / "sw", workers=1)
-    assert [n.rsplit("__", 1)[1] for n in launched] == ["3", "3", "0", "0", "1", "1"]
-    assert {n.split("__")[1] for n in launched[:2]} == {"a", "b"}
+    for engine in ("process", "batched"):
+        launched.clear()
+        run_sweep(s, tmp_path / engine, workers=1, engine=engine)
+        assert [n.rsplit("__", 1)[1] for n in launched] == ["3", "3", "0", "0", "1", "1"]
+        assert {n.split("__")[1] for n in launched[:2]} == {"a", "b"}
+    (group,) = grouped  # one worker, one shape: one group, in the same order
+    assert [n.rsplit("__", 1)[1] for n in group] == ["3", "3", "0", "0", "1", "1"]

@@ -1,5 +1,6 @@
-"""``klppo sweep --engine batched``: groups, the runs it cannot serve in the ordinary engine (said
-in one line), stopping and resuming, the report, and the refusals (issue #22)."""
+"""``klppo sweep`` groups its runs (``--engine batched``, the default): groups by what shapes the
+computation, spread over the workers; stopping and resuming; the report; the refusals (issues #22,
+#29)."""
 
 import dataclasses
 import json
@@ -40,18 +41,18 @@ MIXED = SweepSpec(preset="klip/cartpole", base=dict(BASE), seeds=[0, 1], conditi
 })
 
 
-def test_plan_groups_splits_by_shape_and_size_and_names_what_it_cannot_serve():
+def test_plan_groups_splits_by_shape_over_the_workers_and_by_size():
     spec = dataclasses.replace(MIXED, conditions={
         **MIXED.conditions, "big": {"objective": "clip", "rollout": {"num_envs": 8}}})
     plans = expand(spec)
+    names = lambda *conds: sorted(p.name for p in plans if p.condition in conds)  # noqa: E731
     groups, notes = plan_groups(plans, "batched")
-    assert sorted(map(sorted, groups)) == [
-        sorted(p.name for p in plans if p.condition == "big"),
-        sorted(p.name for p in plans if p.condition in ("clip", "kl"))]
-    assert notes == ["condition trunk trains in the ordinary engine, one process per run: the "
-                     "batched engine cannot serve net.shared_trunk: the batched step serves two "
-                     "separate tanh MLPs"]
-    assert [len(g) for g in plan_groups(plans, "batched", group_size=3)[0]] == [3, 1, 2]
+    assert notes == []  # nothing is refused: a shared trunk is a torch stack's row
+    assert sorted(map(sorted, groups)) == sorted([names("big"), names("clip", "kl"),
+                                                  names("trunk")])
+    two = plan_groups(plans, "batched", workers=2)[0]  # each shape over both workers
+    assert sorted(len(g) for g in two) == [1, 1, 1, 1, 2, 2]
+    assert [len(g) for g in plan_groups(plans, "batched", group_size=3)[0]] == [3, 1, 2, 2]
     assert plan_groups(plans, "process") == ([], [])
     cuda = dataclasses.replace(MIXED, base={**BASE, "device": "cuda"})
     torch_on_cuda = dataclasses.replace(cuda, conditions={"t": {"fast_path": False}})
@@ -67,19 +68,31 @@ def test_plan_groups_splits_by_shape_and_size_and_names_what_it_cannot_serve():
         plan_groups(plans, "batched", 0)
 
 
-def test_a_batched_sweep_trains_what_it_serves_together_the_rest_alone_and_reports(
-        tmp_path, capsys, caplog):
+def test_grouping_is_by_the_spaces_the_env_makes_not_its_id():
+    """LunarLander's discrete and continuous versions share an id but not a network; wind (a
+    kwarg that changes no space) still shares one (issue #32)."""
+    pytest.importorskip("Box2D")
+    spec = SweepSpec(preset="klip/lunarlander", base={**BASE, "total_steps": 16384}, seeds=[0],
+                     conditions={"discrete": {}, "continuous": {"env_kwargs": {"continuous": True}},
+                                 "windy": {"env_kwargs": {"enable_wind": True}}})
+    groups = plan_groups(expand(spec), "batched")[0]
+    assert sorted(map(sorted, groups)) == [["LunarLander-v3__continuous__0"],
+                                           sorted(["LunarLander-v3__discrete__0",
+                                                   "LunarLander-v3__windy__0"])]
+
+
+def test_a_sweep_trains_its_groups_and_reports(tmp_path, capsys, caplog):
     out = tmp_path / "sw"
-    res = run_sweep(dataclasses.replace(MIXED, seeds=[0]), out, workers=2, engine="batched")
+    res = run_sweep(dataclasses.replace(MIXED, seeds=[0]), out, workers=1)
     assert [e.state for e in res.entries] == ["finished"] * 3
-    assert "condition trunk trains in the ordinary engine" in caplog.text
     for e in res.entries:
         run = out / "runs" / e.name
-        assert engine_of(run) == (None if e.condition == "trunk" else {"name": "batched",
-                                                                        "runs": 2})
+        # a group of one trains as `klppo train` does
+        assert engine_of(run) == (None if e.condition == "trunk" else
+                                  {"name": "group", "runs": 2})
     grouped = out / "runs" / "CartPole-v1__kl__0"
     assert "trained in one process of 2 runs" in (grouped / "worker.log").read_text()
-    # report reads the batched sweep as any other
+    # report reads the sweep as any other
     assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
     table = (tmp_path / "rep" / "final_returns.md").read_text()
     assert all(f"| {c} |" in table for c in ("clip", "kl", "trunk"))
@@ -93,7 +106,7 @@ def start_sweep(spec_path, out):
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
-def test_a_stopped_batched_sweep_resumes_to_the_ordinary_engines_numbers(tmp_path):
+def test_a_stopped_batched_sweep_resumes_to_the_numbers_of_its_runs_alone(tmp_path):
     """Ctrl-C: every run of the group finishes its iteration, checkpoints and is interrupted;
     the same command again finishes them with the numbers of an uninterrupted process sweep."""
     spec = SweepSpec(preset="klip/cartpole", base={**BASE, "total_steps": 4096}, seeds=[0, 1],
@@ -113,14 +126,14 @@ def test_a_stopped_batched_sweep_resumes_to_the_ordinary_engines_numbers(tmp_pat
         assert len((run / "metrics.jsonl").read_text().splitlines()) < 8
     res = run_sweep(spec, out, engine="batched")
     assert [e.state for e in res.entries] == ["finished"] * 2
-    for plan in expand(spec):  # the numbers of the run alone in the ordinary engine
+    for plan in expand(spec):  # the numbers of the run alone
         alone = rl.train(dataclasses.replace(plan.config, out=str(tmp_path / plan.name)))
         assert metrics(out / "runs" / plan.name) == metrics(alone.run_dir)
 
 
 def test_flags_are_checked_before_anything_starts(tmp_path, capsys):
     out = tmp_path / "sw"
-    assert main(["sweep", "--out", str(out), "--group-size", "2"]) == 2
+    assert main(["sweep", "--out", str(out), "--engine", "process", "--group-size", "2"]) == 2
     assert "--group-size=2: applies to --engine batched only" in capsys.readouterr().err
     assert main(["sweep", "--out", str(out), "--engine", "batched", "--group-size", "0"]) == 2
     if not torch.cuda.is_available():  # a device that does not resolve here
@@ -139,4 +152,4 @@ def test_ray_backend_runs_a_batched_group_as_one_task(tmp_path):
     res = run_sweep(spec, tmp_path / "sw", backend="ray", engine="batched")
     assert [e.state for e in res.entries] == ["finished"] * 2
     for e in res.entries:
-        assert engine_of(tmp_path / "sw" / "runs" / e.name) == {"name": "batched", "runs": 2}
+        assert engine_of(tmp_path / "sw" / "runs" / e.name) == {"name": "group", "runs": 2}

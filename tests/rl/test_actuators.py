@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from klppo import rl
-from klppo.nn.numpy.adam import FlatAdam
-from klppo.nn.numpy.step import NumpyStep
-from klppo.nn.step import StepBackend
-from klppo.rl.backends import TorchStep
-from klppo.rl.optim import ClippedAdam
+from klppo.nn.numpy.adam import NumpyAdam
+from klppo.rl.engine.numpy_stack import NumpyStack
+from klppo.rl.engine.rows import RowSlot
+from klppo.rl.engine.torch_stack import TorchStack
+from klppo.rl.optim import TorchAdam
 from klppo.rl.trainer import _Trainer
 from klppo.runs import checkpoint as ckpt
 from tests.core.test_actuators import rl_games_lrs, rsl_rl_lrs
@@ -33,35 +33,37 @@ def config(tmp_path, fast_path=True, objective="clip", **kl):
 
 
 class Recorder:
-    """What the run measured and used, taken where the backends compute and apply it."""
+    """What the run (a stack of one row) measured and used, taken where the stacks compute and
+    apply it."""
 
     def __init__(self, monkeypatch):
         self.before, self.after, self.lr, self.eps = [], [], [], []
-        measure = StepBackend.analytic_kl
+        measure = RowSlot.analytic_kl
 
         def analytic_kl(backend, idx):
             self.before.append(measure(backend, idx))
             return self.before[-1]
 
-        monkeypatch.setattr(StepBackend, "analytic_kl", analytic_kl)
-        for cls in (NumpyStep, TorchStep):
+        monkeypatch.setattr(RowSlot, "analytic_kl", analytic_kl)
+        for cls in (NumpyStack, TorchStack):
             monkeypatch.setattr(cls, "step", self._step(cls.step))
-        for cls in (FlatAdam, ClippedAdam):
+        for cls in (NumpyAdam, TorchAdam):
             monkeypatch.setattr(cls, "step", self._adam(cls.step))
 
     def _step(self, step):
-        def wrapped(backend, idx, beta):
-            self.eps.append(backend.loss.band.eps)
-            r = step(backend, idx, beta)
+        def wrapped(stack, rows, mb, losses, betas, ws=None):
+            assert len(rows) == 1
+            self.eps.append(losses[0].band.eps)
+            r = step(stack, rows, mb, losses, betas, ws)
             # the minibatch mean, rounded to float32 as rl_games' torch mean is
-            kl = r.kl.mean() if isinstance(r.kl, torch.Tensor) else np.mean(r.kl)
+            kl = r[0].kl.mean() if isinstance(r[0].kl, torch.Tensor) else np.mean(r[0].kl)
             self.after.append(float(kl))
             return r
         return wrapped
 
     def _adam(self, step):
         def wrapped(opt, *args):
-            self.lr.append(opt.lr)
+            self.lr.append(float(opt.lr[0]))
             return step(opt, *args)
         return wrapped
 
@@ -130,12 +132,13 @@ def test_a_restored_run_acts_with_the_checkpointed_value(tmp_path, actuator):
     cfg = config(tmp_path, actuator=actuator, actuator_rule="rl_games", target=0.001)
     res = rl.train(cfg)
     state = ckpt.load_checkpoint(res.run_dir)
-    tr = _Trainer(dataclasses.replace(cfg, out=str(tmp_path / "again")), tmp_path / "again")
+    tr = _Trainer.alone(dataclasses.replace(cfg, out=str(tmp_path / "again")),
+                        tmp_path / "again")
     tr.load_state_dict(state)
     tr.env.close()
     value = state["actuator"]["value"]
     if actuator == "lr":
-        acting, start = tr.learner.backend.optimizer.lr, cfg.ppo.lr
+        acting, start = tr.learner.backend.state_dict()["lr"], cfg.ppo.lr
         assert tr.unit.start_iteration(ITERS + 1) == value
     else:
         acting, start = tr.learner.loss.band.eps, cfg.ppo.eps

@@ -11,11 +11,11 @@ import torch
 
 from klppo import rl
 from klppo.core.bound_controllers import BalanceStats, BAPOController
-from klppo.nn.numpy.step import NumpyStep
-from klppo.nn.step import StepBackend
 from klppo.replay.lab import replay_bounds
-from klppo.rl.backends import TorchStep
 from klppo.rl.config import ConfigError
+from klppo.rl.engine.numpy_stack import NumpyStack
+from klppo.rl.engine.rows import RowSlot
+from klppo.rl.engine.torch_stack import TorchStack
 from klppo.rl.trainer import _Trainer
 from klppo.runs import checkpoint as ckpt
 from tests.core.test_bound_controllers import paper_bapo
@@ -41,24 +41,25 @@ class Recorder:
 
     def __init__(self, monkeypatch):
         self.ratio, self.adv, self.edges, self.step_ratio = [], [], [], []
-        measure = StepBackend.ratio
+        measure = RowSlot.ratio
 
         def ratio(backend, idx):
             self.ratio.append(measure(backend, idx).numpy().copy())
             return torch.as_tensor(self.ratio[-1])
 
-        monkeypatch.setattr(StepBackend, "ratio", ratio)
-        for cls in (NumpyStep, TorchStep):
+        monkeypatch.setattr(RowSlot, "ratio", ratio)
+        for cls in (NumpyStack, TorchStack):
             monkeypatch.setattr(cls, "step", self._step(cls.step))
 
     def _step(self, step):
-        def wrapped(backend, idx, beta):
-            band = backend.loss.band
+        def wrapped(stack, rows, mb, losses, betas, ws=None):
+            assert len(rows) == 1  # a run alone: a stack of one
+            band = losses[0].band
             self.edges.append((band.eps_low, band.eps_high))
-            r = step(backend, idx, beta)
+            r = step(stack, rows, mb, losses, betas, ws)[0]
             self.adv.append(np.asarray(r.adv, dtype=np.float32).copy())
             self.step_ratio.append(np.asarray(r.samples["ratio"]).copy())
-            return r
+            return [r]
         return wrapped
 
 
@@ -116,7 +117,8 @@ def test_checkpoint_holds_the_rule_and_a_restored_run_acts_with_it(tmp_path):
     assert s["name"] == "bapo" and s["num_updates"] == ITERS * STEPS_PER_ITER
     last = res.metrics[-1]
     assert (s["info"]["c_low"], s["info"]["c_high"]) == (last["bapo_c_low"], last["bapo_c_high"])
-    tr = _Trainer(dataclasses.replace(cfg, out=str(tmp_path / "again")), tmp_path / "again")
+    tr = _Trainer.alone(dataclasses.replace(cfg, out=str(tmp_path / "again")),
+                        tmp_path / "again")
     tr.load_state_dict(state)
     tr.env.close()
     band = tr.learner.loss.band

@@ -69,10 +69,10 @@ def test_cuda_with_the_fast_path_stays_on_cpu_and_says_so(tmp_path, caplog):
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (run on the device machine)")
-def test_the_batched_torch_stack_trains_on_cuda_and_follows_the_ordinary_runs(tmp_path):
-    """The batched engine's torch stack on the GPU: its runs follow the same runs trained
-    alone on the GPU (to float rounding), and their checkpoints resume in the ordinary engine."""
-    from klppo.rl.batched import train_batched
+def test_a_torch_group_trains_on_cuda_and_its_runs_follow_themselves_alone(tmp_path):
+    """The engine's torch stack on the GPU: runs in a group follow the same runs trained alone
+    on the GPU (to float rounding), and their checkpoints resume alone."""
+    from klppo.rl.engine.rundirs import train_batched
 
     cfgs = [small(tmp_path / f"b{s}", device="cuda", fast_path=False, seed=s,
                   objective=obj, total_steps=2048)

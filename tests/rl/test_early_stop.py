@@ -13,7 +13,9 @@ import torch
 
 from klppo.core.controllers import make_controller
 from klppo.nn.step import StepResult
-from klppo.rl.config import PPOConfig, RolloutConfig, TrainConfig, validate
+from klppo.rl.config import PPOConfig, RolloutConfig, TrainConfig
+from klppo.rl.config_checks import validate
+from klppo.rl.engine.learn import update_one
 from klppo.rl.update import Batch, Learner, make_loss
 
 B, MB, EPOCHS, TARGET = 8, 2, 5, 0.01
@@ -21,9 +23,14 @@ PER_EPOCH = B // MB
 
 
 class Scripted:
-    """A step backend whose k3 check and whose steps' log-ratios follow a script."""
+    """A one-row stack (and its row) whose k3 check and whose steps' log-ratios follow a
+    script."""
 
-    fast = False
+    fast, R, row = False, 1, 0
+
+    @property
+    def stack(self):
+        return self
 
     def __init__(self, k3s=(), log_ratios=()):
         self.k3s, self.log_ratios = list(k3s), list(log_ratios)
@@ -37,7 +44,8 @@ class Scripted:
         self.events.append("check")
         return self.k3s[n] if n < len(self.k3s) else 0.0
 
-    def step(self, idx, beta):
+    def step(self, rows, mb, losses, betas, ws):
+        idx = torch.from_numpy(mb.idx[0])
         n = self.events.count("step")
         self.events.append("step")
         x = self.log_ratios[n] if n < len(self.log_ratios) else 0.0
@@ -46,11 +54,11 @@ class Scripted:
                                                 "loss_entropy")}
         samples = {"ratio": torch.full((len(idx),), float(np.exp(x))), "advantage": self.adv[idx],
                    "value_loss": zeros, "value_clipped": zeros.bool()}
-        return StepResult(idx, self.batch.logp[idx] + x, zeros, zeros, zeros, self.adv[idx],
-                          torch.tensor(0.0), loss, samples)
+        return [StepResult(idx, self.batch.logp[idx] + x, zeros, zeros, zeros, self.adv[idx],
+                           torch.tensor(0.0), loss, samples)]
 
-    def policy_kl(self, batch):
-        return 0.0
+    def policy_kl(self, rows, obs, params, ws):
+        return [0.0]
 
     def set_lr(self, lr):
         pass
@@ -66,7 +74,7 @@ def update(rule, backend):
                   torch.full((B,), -0.7), torch.zeros(B, 2), torch.zeros(B),
                   torch.randn(B, generator=g), torch.zeros(B))
     lrn = Learner(cfg, backend, make_loss(cfg), make_controller("fixed"), g)
-    return lrn.update(batch).metrics
+    return update_one(lrn, batch)[0].metrics
 
 
 HIGH = 1.5 * TARGET * 1.01  # just above SB3's threshold

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from klppo import rl
+from klppo.rl.lr_schedule import learning_rate
 from klppo.rl.trainer import TIMING_KEYS
-from klppo.rl.unit import learning_rate
 from klppo.runs.errors import ConfigError
 from tests.badinput import assert_one_line_error, run_main, tree
 

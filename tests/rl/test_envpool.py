@@ -115,7 +115,7 @@ def strip(ms):
 
 
 def test_a_run_on_envpool_is_deterministic_batched_and_resumes_loudly(tmp_path):
-    from klppo.rl.batched import train_batched
+    from klppo.rl.engine.rundirs import train_batched
 
     a, b = rl.train(small(tmp_path / "a")), rl.train(small(tmp_path / "b"))
     assert strip(a.metrics) == strip(b.metrics)
@@ -134,3 +134,30 @@ def test_a_run_on_envpool_is_deterministic_batched_and_resumes_loudly(tmp_path):
     assert any("EnvPool cannot save or restore" in w for w in status["warnings"])
     with pytest.raises(ConfigError, match="rollout.env_backend"):
         rl.train(small(tmp_path / "d", vectorization="sync"))
+
+
+def test_a_group_shares_one_pool_and_each_run_steps_its_own_episodes(tmp_path, monkeypatch):
+    """Runs of a group on EnvPool are stepped by ONE pool (EnvPool seeds each env as the run's
+    own pool would), and each run's metrics equal the run alone, bit for bit; a resumed run
+    (not restorable: new episodes from another seed) moves to a pool of its own."""
+    from klppo.rl.engine.rundirs import train_batched, train_group
+    from klppo.rl.envpool_backend import EnvPoolGroup
+
+    made = []
+    real = EnvPoolGroup.__init__
+
+    def spy(self, *a, **k):
+        made.append(a)
+        real(self, *a, **k)
+
+    monkeypatch.setattr(EnvPoolGroup, "__init__", spy)
+    cfgs = [small(tmp_path / f"g{s}", seed=s, num_envs=2) for s in (0, 5, 9)]
+    grouped = train_batched(cfgs)
+    (args,) = made  # one pool for the three runs
+    assert args[1:3] == ([0, 5, 9], [2, 2, 2])
+    for c, g in zip(cfgs, grouped):
+        alone = rl.train(dataclasses.replace(c, out=str(tmp_path / f"a{c.seed}")))
+        assert strip(g.metrics) == strip(alone.metrics)
+    longer = [dataclasses.replace(c, out=str(tmp_path / f"g{c.seed}")) for c in cfgs]
+    res = train_group([c.out for c in longer])  # finished: nothing to do, nothing pooled
+    assert [r.status for r in res] == ["finished"] * 3

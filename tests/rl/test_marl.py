@@ -106,11 +106,11 @@ def test_same_seed_same_metrics_other_seed_others(tmp_path):
 def test_every_policy_uses_the_fast_path_or_says_why_not(tmp_path, caplog):
     from klppo.rl.marl.trainer import MultiTrainer
 
-    tr = MultiTrainer(short(tmp_path), tmp_path)
+    tr = MultiTrainer.alone(short(tmp_path), tmp_path)
     assert all(u.fast for u in tr.units.values())
     caplog.set_level(logging.WARNING)
     cfg = short(tmp_path, overrides=("agent:net.shared_trunk=true",))
-    tr = MultiTrainer(cfg, tmp_path)
+    tr = MultiTrainer.alone(cfg, tmp_path)
     assert tr.units["adversary"].fast and not tr.units["agent"].fast
     assert "numpy fast path off" in caplog.text
 
@@ -119,7 +119,7 @@ def test_agents_of_one_policy_share_one_network_and_fill_its_columns(tmp_path):
     from klppo.rl.marl.trainer import MultiTrainer
 
     cfg = short(tmp_path)
-    tr = MultiTrainer(cfg, tmp_path)
+    tr = MultiTrainer.alone(cfg, tmp_path)
     tr.start()
     tr.collector.collect(1)
     n = cfg.rollout.num_envs
@@ -140,7 +140,7 @@ def test_continuous_actions_train_and_are_clipped_to_the_box(tmp_path):
     from klppo.nn.distributions import DiagGaussianHead
     from klppo.rl.marl.trainer import MultiTrainer
 
-    tr = MultiTrainer(dataclasses.replace(cfg, out=None), tmp_path)
+    tr = MultiTrainer.alone(dataclasses.replace(cfg, out=None), tmp_path)
     assert all(isinstance(u.agent.head, DiagGaussianHead) for u in tr.units.values())
     sent: list[dict[str, np.ndarray]] = []
     step = tr.env.step

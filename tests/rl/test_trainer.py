@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import klppo.rl as rl
-from klppo.rl.config import ConfigError, from_dict, validate
+from klppo.rl.config import ConfigError, from_dict
+from klppo.rl.config_checks import validate
 from klppo.rl.trainer import TIMING_KEYS, TrainingError, final_return, resume
 from tests.waiting import wait_for_lines
 
@@ -138,16 +139,18 @@ def test_nan_environment_stops_with_iteration_and_keeps_checkpoint(tmp_path):
 
 def test_truncation_bootstraps_from_final_observation(tmp_path):
     import tests.rl.envs_for_tests  # noqa: F401
-    from klppo.nn import ActorCritic, make_head
-    from klppo.rl.envs import make_vector_env
-    from klppo.rl.rollout import Collector
+    from klppo.rl.config import PPOConfig, RolloutConfig
+    from klppo.rl.trainer import _Trainer
 
-    env = make_vector_env("KlppoTest/Counter-v0", 2, 0, "sync")
-    agent = ActorCritic(1, make_head(env.single_action_space))
-    col = Collector(env, agent, 7, 0, None, None)
-    col.reset(0)
-    stats = col.collect(1)
-    b = col.np
+    cfg = rl.TrainConfig(env="tests.rl.envs_for_tests:KlppoTest/Counter-v0", total_steps=14,
+                         tensorboard=False, rollout=RolloutConfig(num_envs=2, num_steps=7,
+                                                                  vectorization="sync"),
+                         ppo=PPOConfig(minibatch_size=7))
+    tr = _Trainer.alone(rl.validate(cfg), tmp_path)
+    tr.start()
+    stats = tr.collect_rollout(1)
+    tr.env.close()
+    b, agent = tr.collector.np, tr.agent
     assert stats.lengths == [3, 3, 3, 3]
     trunc = b["truncated"][:, 0]
     assert trunc.tolist() == [False, False, True, False, False, True, False]

@@ -1,6 +1,6 @@
-"""The one update loop over its two step backends: every controller cadence and both early
-stops give the same decisions and (to float32 rounding) the same numbers with the numpy fast path
-as with torch autograd, on the same rollout."""
+"""The one update loop over its two stacks: every controller cadence and both early stops give the
+same decisions and (to float32 rounding) the same numbers with the numpy fast path as with torch
+autograd, on the same rollout."""
 
 import copy
 import dataclasses
@@ -10,9 +10,13 @@ import torch
 
 from klppo import rl
 from klppo.core.controllers import make_controller
-from klppo.rl.backends import NumpyStep, TorchStep
+from klppo.rl.engine.learn import update_one
+from klppo.rl.engine.numpy_stack import NumpyStack
+from klppo.rl.engine.torch_stack import TorchStack
 from klppo.rl.trainer import _Trainer
 from klppo.rl.update import Learner, make_loss
+
+NumpyStep, TorchStep = "numpy", "torch"
 
 K = dict
 CASES = {
@@ -42,29 +46,28 @@ def config(case):
     return rl.validate(cfg)
 
 
-def learner(cfg, agent, backend_cls):
+def learner(cfg, agent, library):
+    """A learner whose network is row 0 of a one-row stack of ``library``."""
     loss = make_loss(cfg)
     ctrl = make_controller(cfg.kl.controller, **cfg.kl.controller_options())
-    p = cfg.ppo
-    backend = (NumpyStep(agent, loss, p.lr, p.adam_eps, p.max_grad_norm)
-               if backend_cls is NumpyStep else backend_cls(agent, loss, p))
-    return Learner(cfg, backend, loss, ctrl, torch.Generator().manual_seed(7))
+    stack = NumpyStack(1) if library == "numpy" else TorchStack(1, "cpu")
+    slot = stack.maker(0, cfg.ppo)(agent, loss)
+    return Learner(cfg, slot, loss, ctrl, torch.Generator().manual_seed(7))
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_fast_and_torch_backends_agree_on_every_cadence_and_early_stop(tmp_path, case):
     cfg = config(case)
-    tr = _Trainer(dataclasses.replace(cfg, fast_path=False), tmp_path)
+    tr = _Trainer.alone(dataclasses.replace(cfg, fast_path=False), tmp_path)
     tr.collector.reset(cfg.seed)
-    tr.collector.collect(1)
+    tr.collect_rollout(1)
     batch = tr.unit.advantages(tr.collector.buf)
     tr.env.close()
     results = {}
     for name, cls in (("torch", TorchStep), ("numpy", NumpyStep)):
         lrn = learner(cfg, copy.deepcopy(tr.agent), cls)
-        res = lrn.update(batch)
-        kl, updates = lrn.end_iteration(batch)
-        results[name] = (res.metrics, kl, [u["beta_after"] for u in updates])
+        res, kl = update_one(lrn, batch)
+        results[name] = (res.metrics, kl, [u["beta_after"] for u in lrn.schedule.updates])
     (mt, klt, bt), (mn, kln, bn) = results["torch"], results["numpy"]
     for k in ("epochs", "minibatch_steps", "early_stop"):
         assert mt[k] == mn[k], k
@@ -85,15 +88,15 @@ def test_fast_and_torch_backends_agree_on_every_cadence_and_early_stop(tmp_path,
 
 
 def test_checkpoint_optimiser_state_is_the_same_format_for_both_backends(tmp_path):
-    """A torch-backend optimiser state loads into the numpy backend and back, unchanged."""
+    """A torch stack's optimiser state loads into the numpy stack and back, unchanged."""
     cfg = config("minibatch_cadence")
-    tr = _Trainer(dataclasses.replace(cfg, fast_path=False), tmp_path)
+    tr = _Trainer.alone(dataclasses.replace(cfg, fast_path=False), tmp_path)
     tr.collector.reset(cfg.seed)
-    tr.collector.collect(1)
+    tr.collect_rollout(1)
     batch = tr.unit.advantages(tr.collector.buf)
     tr.env.close()
     a = learner(cfg, copy.deepcopy(tr.agent), TorchStep)
-    a.update(batch)
+    update_one(a, batch)
     state = a.backend.state_dict()
     assert set(state) == {"lr", "m", "v", "t"} and state["t"] > 0
     b = learner(cfg, copy.deepcopy(tr.agent), NumpyStep)

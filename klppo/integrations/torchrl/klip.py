@@ -135,5 +135,6 @@ class KLipPPOLoss(_ppo.ClipPPOLoss):
         return td_out
 
 
-KLipPPOLoss.__init__.__signature__ = extend_signature(_ppo.ClipPPOLoss.__init__,
-                                                      KLipPPOLoss.__init__)
+# inspect.signature reads a function's __signature__; typeshed does not declare it
+KLipPPOLoss.__init__.__signature__ = extend_signature(  # type: ignore[attr-defined]
+    _ppo.ClipPPOLoss.__init__, KLipPPOLoss.__init__)

@@ -187,5 +187,6 @@ class KLPENPPOLoss(_ppo.KLPENPPOLoss):
         return td_out
 
 
-KLPENPPOLoss.__init__.__signature__ = extend_signature(_ppo.KLPENPPOLoss.__init__,
-                                                       KLPENPPOLoss.__init__)
+# inspect.signature reads a function's __signature__; typeshed does not declare it
+KLPENPPOLoss.__init__.__signature__ = extend_signature(  # type: ignore[attr-defined]
+    _ppo.KLPENPPOLoss.__init__, KLPENPPOLoss.__init__)

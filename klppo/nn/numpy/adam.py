@@ -1,11 +1,12 @@
-"""Global-norm gradient clipping and Adam on the flat buffers, in place.
+"""Global-norm gradient clipping and Adam on a stack of flat parameter rows, in place: the one
+numpy Adam (the engine's numpy stack, :mod:`klppo.rl.engine.numpy_stack`).
 
-With ``g`` the flat gradient ``[P]``: ``g <- g * max_norm / (|g| + 1e-6)`` when that factor is
+With ``g`` a row's flat gradient ``[P]``: ``g <- g * max_norm / (|g| + 1e-6)`` when that factor is
 below 1 (torch's ``clip_grad_norm_``), then Adam (Kingma & Ba 2015) exactly as
 ``torch.optim.Adam`` computes it: ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``,
 ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``. The state format
-(``lr``, flat ``m`` and ``v``, step ``t``) is the torch backend's too
-(:class:`klppo.rl.optim.ClippedAdam`), so a checkpoint does not depend on the backend.
+(``lr``, flat ``m`` and ``v``, step ``t``) is the torch stack's too
+(:class:`klppo.rl.optim.TorchAdam`), so a checkpoint does not depend on the array library.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FlatAdam", "StackedAdam", "adam_update"]
+__all__ = ["NumpyAdam", "adam_update"]
 
 B1, B2 = 0.9, 0.999
 
@@ -45,49 +46,12 @@ def adam_update(params, g, m, v, t, denom, step, bias2, eps) -> None:
     params -= t                              # p -= lr_t m / (sqrt(v_hat) + eps)
 
 
-class FlatAdam:
-    """Clip and Adam over ``params`` (float32 ``[P]``) from ``grad`` (the same shape)."""
-
-    def __init__(self, params: np.ndarray, grad: np.ndarray, lr: float, eps: float,
-                 max_norm: float) -> None:
-        self.params, self.grad = params, grad
-        self.lr, self.eps, self.max_norm = lr, eps, max_norm
-        self.m = np.zeros_like(params)
-        self.v = np.zeros_like(params)
-        self._tmp, self._denom = np.empty_like(params), np.empty_like(params)
-        self.t = 0
-
-    def set_lr(self, lr: float) -> None:
-        self.lr = float(lr)
-
-    def step(self) -> float:
-        """Clip ``grad`` and apply one Adam step to ``params``; return the pre-clip norm."""
-        g = self.grad
-        norm = float(np.sqrt(np.dot(g, g)))
-        coef = self.max_norm / (norm + 1e-6)
-        if coef < 1.0:
-            g *= np.float32(coef)
-        self.t += 1
-        adam_update(self.params, g, self.m, self.v, self._tmp, self._denom,
-                    *_factors(self.lr, self.t, self.eps))
-        return norm
-
-    def state_dict(self) -> dict[str, Any]:
-        """Adam state (the parameters themselves live in the model's state_dict)."""
-        return {"lr": self.lr, "m": self.m.copy(), "v": self.v.copy(), "t": self.t}
-
-    def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.lr, self.t = float(s["lr"]), int(s["t"])
-        self.m[:] = s["m"]
-        self.v[:] = s["v"]
-
-
-class StackedAdam:
-    """:class:`FlatAdam` for ``R`` parameter rows at once (``params [R, P]``): each row has its
-    own learning rate, epsilon, clip norm, step count and moments, and gets exactly the numbers
-    a :class:`FlatAdam` of its own would (the norm of each row by the same ``np.dot``, the clip
+class NumpyAdam:
+    """Clip and Adam for ``R`` parameter rows at once (``params [R, P]``, one row per policy):
+    each row has its own learning rate, epsilon, clip norm, step count and moments, and gets the
+    numbers of a one-row stack of its own (the norm of each row by its own ``np.dot``, the clip
     factor 1 for a row under its limit, which changes no bit). ``row_state`` / ``load_row``
-    read and write one row in :class:`FlatAdam`'s state format."""
+    read and write one row (``lr``, flat ``m`` and ``v``, step ``t``)."""
 
     def __init__(self, params: np.ndarray, lr: np.ndarray, eps: np.ndarray,
                  max_norm: np.ndarray) -> None:
@@ -137,12 +101,12 @@ class StackedAdam:
         return norms
 
     def row_state(self, r: int) -> dict[str, Any]:
-        """Row ``r``'s Adam state in :meth:`FlatAdam.state_dict`'s format."""
+        """Row ``r``'s Adam state."""
         return {"lr": float(self.lr[r]), "m": self.m[r].copy(), "v": self.v[r].copy(),
                 "t": int(self.t[r])}
 
     def load_row(self, r: int, s: dict[str, Any]) -> None:
-        """Set row ``r`` from a :meth:`FlatAdam.state_dict`."""
+        """Set row ``r`` from a :meth:`row_state`."""
         self.lr[r], self.t[r] = float(s["lr"]), int(s["t"])
         self.m[r] = s["m"]
         self.v[r] = s["v"]

@@ -1,7 +1,7 @@
 """The action heads in numpy: ONE copy of each head's log-prob, entropy, KL and backward.
 
 The same functions as :mod:`klppo.nn.distributions` (torch), on float32 arrays, for the numpy
-update step (:mod:`klppo.nn.numpy.step`), its per-iteration KL and the rollout runner
+update step (:mod:`klppo.rl.engine.numpy_stack`), its per-iteration KL and the rollout runner
 (:mod:`klppo.nn.numpy.runner`). ``tests/nn/numpy/test_heads.py`` holds every quantity to the
 torch head on random inputs.
 
@@ -91,7 +91,7 @@ class Categorical:
         n, k = out.shape
         logp_all = log_softmax(out)[0]
         cdf = row_cumsum(np.exp(logp_all))
-        u = rng.random(n, dtype=np.float32)[:, None] * cdf[:, -1:]
+        u = rng.random((n,), dtype=np.float32)[:, None] * cdf[:, -1:]
         below = u >= cdf  # the action is the count of edges passed
         action = np.zeros(n, np.int64)
         for j in range(k - 1):  # the last edge can only add past k - 1 (cdf is monotone)

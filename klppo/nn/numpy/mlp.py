@@ -6,7 +6,8 @@ A layer is ``(W [out, in], b [out])``, views of the flat weights
 ``g = d loss / d h_L [n, out]``: ``dW_k = g^T h_k``, ``db_k = sum_rows g``, and
 ``g <- (g W_k) * (1 - h_k^2)`` below a tanh layer.
 
-Both also take a stack of networks of one shape (the batched engine, :mod:`klppo.rl.batched`):
+Both also take a stack of networks of one shape (the engine's numpy stack,
+:mod:`klppo.rl.engine.numpy_stack`):
 ``W [R, out, in]``, ``b [R, out]``, ``x [R, n, in]``. numpy's stacked ``matmul`` makes one BLAS
 call per network with the 2-D call's arguments, and every other operation is elementwise or sums
 in the 2-D order, so network r of the stack gets the 2-D result bit for bit

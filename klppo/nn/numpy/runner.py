@@ -3,11 +3,11 @@
 ``act(obs [N, obs_dim]) -> (action, logp [N], params [N, param_dim], value [N])``, float32
 numpy throughout, for ``ActorCritic`` with separate tanh MLPs: small matrix products in numpy
 cost about a microsecond where each torch call costs several. The weights come from a
-:class:`~klppo.nn.numpy.weights.FlatWeights` passed in (``NumpyStep.weights``, or
-``flat_weights(agent)``, which is the same object): the runner checks with ``np.shares_memory``
-that the agent's parameters view that buffer and that its layer views lie in it, and refuses to
-act (:class:`~klppo.nn.numpy.weights.StaleWeights`) once the buffer is superseded. Randomness
-comes from its own seeded generator, whose state is checkpointed.
+:class:`~klppo.nn.numpy.weights.FlatWeights` passed in (the numpy stack's row of the
+policy, ``NumpySlot.weights``, which ``flat_weights(agent)`` returns too): the runner checks
+with ``np.shares_memory`` that the agent's parameters view that buffer and that its layer views
+lie in it, and refuses to act (:class:`~klppo.nn.numpy.weights.StaleWeights`) once the buffer
+is superseded. Randomness comes from its own seeded generator, whose state is checkpointed.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ runner holding it refuses to act) and a new one is made.
 
 from __future__ import annotations
 
+import typing
 import weakref
 
 import numpy as np
@@ -24,7 +25,7 @@ class StaleWeights(RuntimeError):
     """The network's parameters no longer view this buffer: acting with it would use old weights."""
 
 
-def mlp_supported(seq: nn.Module) -> bool:
+def mlp_supported(seq: nn.Module) -> typing.TypeGuard[nn.Sequential]:
     """``seq`` is ``Linear (Tanh Linear)*``: what the numpy forward and backward compute."""
     if not isinstance(seq, nn.Sequential):
         return False
@@ -64,15 +65,17 @@ class FlatWeights:
         """Parameter ``p``'s ``(start, end)`` in ``flat``."""
         return self.spans[self._index[id(p)]]
 
-    def view(self, p: nn.Parameter, buffer: np.ndarray | None = None) -> np.ndarray:
+    def view(self, p: torch.Tensor, buffer: np.ndarray | None = None) -> np.ndarray:
         """Parameter ``p``'s slice of ``buffer`` (``flat`` by default; the step passes its flat
         gradient) in ``p``'s shape."""
         s, e = self.spans[self._index[id(p)]]
         return (self.flat if buffer is None else buffer)[s:e].reshape(p.shape)
 
-    def mlp(self, seq: nn.Sequential, buffer: np.ndarray | None = None):
+    def mlp(self, seq: nn.Sequential, buffer: np.ndarray | None = None
+            ) -> list[tuple[np.ndarray, np.ndarray]]:
         """``[(W [out, in], b [out]), ...]`` views of a Linear/Tanh stack's layers."""
-        return [(self.view(m.weight, buffer), self.view(m.bias, buffer)) for m in list(seq)[::2]]
+        layers = typing.cast("list[nn.Linear]", list(seq)[::2])
+        return [(self.view(m.weight, buffer), self.view(m.bias, buffer)) for m in layers]
 
     def is_current(self) -> bool:
         """Every parameter still views its slice of ``flat`` (checked with np.shares_memory)."""

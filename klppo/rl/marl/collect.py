@@ -50,6 +50,7 @@ class Slot:
     def act(self, t: int) -> np.ndarray:
         """Sample this policy's actions at step ``t`` into the buffer; the env's actions."""
         b, obs = self.np, self.next_obs
+        assert obs is not None, "reset the collector first"
         action, logp, params, value = self.runner.act(obs)
         b["obs"][t], b["actions"][t], b["logp"][t] = obs, action, logp
         b["params"][t], b["values"][t] = params, value
@@ -74,10 +75,12 @@ class Slot:
     def bootstrap(self) -> None:
         """``next_values``: V(s_{t+1}) in the rollout, V(next obs) after it, V(final obs)
         where an episode was truncated."""
+        assert self.next_obs is not None, "reset the collector first"
         bootstrap(self.np, self.runner, self.next_obs, self.trunc_final, self.unit.obs_norm)
         self.trunc_final = []
 
     def state_dict(self) -> dict[str, Any]:
+        assert self.next_obs is not None, "reset the collector first"
         return {"next_obs": self.next_obs.copy(), "ep_return": self.ep_return.copy(),
                 "runner": self.runner.state_dict()}
 

@@ -16,19 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from klppo.rl import config as C
+from klppo.rl.config import MULTIAGENT_PREFIX as PREFIX
+from klppo.rl.config import is_multiagent
+from klppo.rl.config_checks import validate
 from klppo.rl.envs import EnvError, space_problem
 from klppo.runs.configfile import InputError, merge_nested, parse_yaml
 
 __all__ = ["PREFIX", "is_multiagent", "env_kwargs", "make_parallel_env", "map_policies",
            "policy_configs", "MultiAgentSpec", "check_multiagent"]
 
-PREFIX = "pettingzoo:"
 #: the sections of a config that may differ between policies
 PER_POLICY = ("objective", "ppo", "kl", "net")
-
-
-def is_multiagent(env_id: str) -> bool:
-    return isinstance(env_id, str) and env_id.startswith(PREFIX)
 
 
 def _key_value(item: str, field: str, sep: str = "=") -> tuple[str, str]:
@@ -140,7 +138,7 @@ def policy_configs(cfg: C.TrainConfig, policies: dict[str, list[str]]) -> dict[s
         base.rollout.num_envs = cfg.rollout.num_envs * len(agents)
         base.total_steps = cfg.total_steps * len(agents)
         try:
-            out[name] = C.validate(C.from_dict(over[name], base))
+            out[name] = validate(C.from_dict(over[name], base))
         except C.ConfigError as e:
             raise C.ConfigError(f"marl.overrides (policy {name}): {e}") from None
         assert out[name].num_iterations == cfg.num_iterations, name

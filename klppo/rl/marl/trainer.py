@@ -2,23 +2,28 @@
 
 It has the single-agent trainer's interface (``iterate``, ``state_dict``, ``start``, ...), so
 :func:`klppo.rl.trainer.train` and :func:`~klppo.rl.trainer.resume` run it with the same run
-directory, checkpoints, exact resume, failure handling and metrics sinks. Per iteration: every
-policy collects over the shared env loop, then each learns from its own rollout with its own
-objective and controller. Metrics carry the policy id as prefix (``adversary/beta``,
+directory, checkpoints, exact resume, failure handling and metrics sinks. Each policy's network
+is a row of a stack of its engine group (``makers``), and the group computes its iterations
+(:class:`klppo.rl.engine.Group`): every policy collects over the shared env loop, then each learns
+from its own rollout with its own objective and controller, its update stepped together with the
+other rows of its stack. Metrics carry the policy id as prefix (``adversary/beta``,
 ``agent/episode_return_mean``); ``global_step`` counts environment steps (each step of an env
 copy once, whatever the number of agents).
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from klppo.rl.config import TrainConfig, validate
+from klppo.rl.config import TrainConfig
+from klppo.rl.config_checks import validate
+from klppo.rl.engine.group import Group
+from klppo.rl.engine.groups import StackSet
 from klppo.rl.lifecycle import RunTrainer
 from klppo.rl.marl.collect import MultiCollector
 from klppo.rl.marl.env import ParallelVecEnv
@@ -32,7 +37,10 @@ __all__ = ["MultiTrainer"]
 class MultiTrainer(RunTrainer):
     """A multi-agent run: one PettingZoo vector env, one :class:`PolicyUnit` per policy."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path) -> None:
+    lockstep = False
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path,
+                 makers: Callable[[str, TrainConfig], Any]) -> None:
         self.cfg = validate(cfg)
         self.run_dir = run_dir
         self.spec = spec = check_multiagent(cfg)
@@ -42,7 +50,7 @@ class MultiTrainer(RunTrainer):
         self.units = {
             p: PolicyUnit(spec.configs[p], int(np.prod(spec.obs_spaces[p].shape)),
                           spec.action_spaces[p], self.env.columns(p), cfg.seed + 2 + 7919 * k,
-                          name=p)
+                          name=p, make_step=makers(p, spec.configs[p]))
             for k, p in enumerate(spec.policies)
         }
         self.collector = MultiCollector(self.env, self.units, spec.action_spaces,
@@ -50,6 +58,20 @@ class MultiTrainer(RunTrainer):
         self.monitor = PerPolicyMonitor(list(self.units))
         self.iteration = 0
         self.global_step = 0
+        self.own_torch_rng = torch.get_rng_state()  # as the single-agent trainer's
+
+    @classmethod
+    def alone(cls, cfg: TrainConfig, run_dir: Path) -> MultiTrainer:
+        """The trainer of a run alone (a group of one), outside any run-directory lifecycle."""
+        stacks = StackSet.of([cfg])
+        tr = cls(cfg, run_dir, lambda name, c: stacks.maker(0, name, c))
+        Group([tr])
+        return tr
+
+    def collect_rollout(self, iteration: int) -> tuple[dict[str, Any], list[int]]:
+        """One rollout of every policy (what an iteration collects; for tests): per policy its
+        agent-episodes' returns, and the lengths of the episodes that ended."""
+        return self.collect(iteration)
 
     @property
     def policies(self) -> list[str]:
@@ -62,7 +84,7 @@ class MultiTrainer(RunTrainer):
             "global_step": self.global_step,
             "policies": {p: u.state_dict() for p, u in self.units.items()},
             "collector": self.collector.state_dict(),
-            "torch_rng": torch.get_rng_state(),
+            "torch_rng": self.own_torch_rng,
             "env": self.env.state_dict(),
         }
 
@@ -73,6 +95,7 @@ class MultiTrainer(RunTrainer):
             u.load_state_dict(s["policies"][p])
         self.collector.load_state_dict(s["collector"])
         torch.set_rng_state(s["torch_rng"])
+        self.own_torch_rng = torch.get_rng_state()
         problems = list(self.env.load_state_dict(s["env"]))
         if problems:  # new episodes, from the episode counters: deterministic
             self.collector.reset()
@@ -81,26 +104,33 @@ class MultiTrainer(RunTrainer):
     def start(self) -> None:
         self.collector.reset()
 
-    # ---------------------------------------------------------------- phases
-    def phases(self) -> dict[str, Any]:
-        cfg = self.cfg
-        it = self.iteration + 1
-        lrs = {p: u.start_iteration(it) for p, u in self.units.items()}
-        t0 = time.perf_counter()
-        stats, lengths = self.collector.collect(it)                            # 1. collect
-        self.global_step += cfg.batch_size
-        t1 = time.perf_counter()
+    # ---------------------------------------------------------------- what the group asks
+    def start_iteration(self, it: int) -> dict[str, float]:
+        """Set each policy's learning rate for iteration ``it``; return them."""
+        return {p: u.start_iteration(it) for p, u in self.units.items()}
+
+    def collect(self, iteration: int) -> tuple[dict[str, Any], list[int]]:
+        """One rollout of every policy over the shared env loop."""
+        return self.collector.collect(iteration)
+
+    def rollouts(self, episodes: Any) -> list[tuple[str, PolicyUnit, Any]]:
+        """Each policy and the buffer it learns from."""
+        return [(p, u, self.collector.slots[p].buf) for p, u in self.units.items()]
+
+    def iteration_metrics(self, it: int, episodes: tuple[dict[str, Any], list[int]],
+                          reports: dict[str, dict[str, Any]],
+                          lrs: dict[str, float]) -> dict[str, Any]:
+        """One iteration's metrics: the episodes' lengths, and per policy (prefixed with its
+        name) its return, learning rate and report."""
+        stats, lengths = episodes
         m: dict[str, Any] = {"iteration": it, "global_step": self.global_step,
                              "episode_length_mean": float(np.mean(lengths)) if lengths else None,
                              "episode_count": len(lengths)}
-        for p, u in self.units.items():                                        # 2-4. learn
+        for p in self.units:
             ep = episode_means(stats[p].returns, [])
             policy = {"episode_return_mean": ep["episode_return_mean"], "lr": lrs[p],
-                      **u.learn(self.collector.slots[p].buf, it)}
+                      **reports[p]}
             m.update({f"{p}/{k}": v for k, v in policy.items()})
-        t2 = time.perf_counter()
-        self.iteration = it
-        m.update(time_collect=t1 - t0, time_update=t2 - t1)                    # 5. log
         return m
 
     def describe(self, m: dict[str, Any]) -> str:

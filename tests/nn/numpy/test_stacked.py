@@ -3,10 +3,11 @@ own 2-D call, bit for bit (what the batched engine's per-run exactness rests on)
 
 import numpy as np
 import pytest
+import torch
 
 from klppo.nn._rowops import col_sum
 from klppo.nn.numpy import mlp
-from klppo.nn.numpy.adam import FlatAdam, StackedAdam
+from klppo.nn.numpy.adam import NumpyAdam
 
 R = 5
 
@@ -62,15 +63,19 @@ def test_col_sum_of_a_stack_sums_each_in_numpys_order():
             assert np.array_equal(out[r], np.ascontiguousarray(x[r]).sum(0))
 
 
-def test_stacked_adam_equals_a_flat_adam_per_row_with_clips_and_subsets():
+def test_each_row_of_the_adam_stack_is_a_one_row_stack_of_its_own_with_clips_and_subsets():
+    """A row's numbers do not depend on the rows beside it (nor on a subset stepping), and
+    they are torch's clip_grad_norm_ + Adam (to float rounding)."""
     rng = np.random.default_rng(2)
     P = 1001
     W = rng.standard_normal((R, P), dtype=np.float32)
     lr, eps = np.array([3e-4, 1e-3, 1e-2, 3e-4, 5e-5]), np.array([1e-5, 1e-8, 1e-5, 1e-5, 1e-3])
     max_norm = np.array([0.5, 100.0, 0.5, 1e-3, 10.0])  # some rows clipped, some not
-    stacked = StackedAdam(W.copy(), lr, eps, max_norm)
-    flats = [FlatAdam(W[r].copy(), np.zeros(P, np.float32), lr[r], eps[r], max_norm[r])
+    stacked = NumpyAdam(W.copy(), lr, eps, max_norm)
+    alone = [NumpyAdam(W[r:r + 1].copy(), lr[r:r + 1], eps[r:r + 1], max_norm[r:r + 1])
              for r in range(R)]
+    params = [torch.nn.Parameter(torch.from_numpy(W[r].copy())) for r in range(R)]
+    opts = [torch.optim.Adam([params[r]], lr=lr[r], eps=eps[r]) for r in range(R)]
     for step in range(6):
         g = rng.standard_normal((R, P), dtype=np.float32) * np.float32(step + 0.5)
         rows = np.arange(R) if step % 2 == 0 else np.array([0, 3, 4])  # an early-stopped pair
@@ -80,10 +85,14 @@ def test_stacked_adam_equals_a_flat_adam_per_row_with_clips_and_subsets():
             sub = stacked.params[rows]
             norms = stacked.step(g[rows].copy(), rows, sub)
         for a, r in enumerate(rows):
-            flats[r].grad[:] = g[r]
-            assert flats[r].step() == norms[a]
+            assert alone[r].step(g[r:r + 1].copy()) == [norms[a]]
+            params[r].grad = torch.from_numpy(g[r].copy())
+            torch.nn.utils.clip_grad_norm_([params[r]], float(max_norm[r]))
+            opts[r].step()
     for r in range(R):
-        assert np.array_equal(stacked.params[r], flats[r].params)
-        s, f = stacked.row_state(r), flats[r].state_dict()
+        assert np.array_equal(stacked.params[r], alone[r].params[0])
+        s, f = stacked.row_state(r), alone[r].row_state(0)
         assert s["t"] == f["t"] and s["lr"] == f["lr"]
         assert np.array_equal(s["m"], f["m"]) and np.array_equal(s["v"], f["v"])
+        np.testing.assert_allclose(stacked.params[r], params[r].detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)

@@ -8,8 +8,9 @@ from klppo.core.loss import PPOLoss
 from klppo.core.objectives import KL_ESTIMATOR_CHOICES, OBJECTIVES
 from klppo.core.surrogates import SHAPES
 from klppo.nn import ActorCritic, CategoricalHead, DiagGaussianHead
-from klppo.nn.numpy import FastPathUnsupported, NumpyStep, flat_weights, supports_fast_path
+from klppo.nn.numpy import FastPathUnsupported, flat_weights, supports_fast_path
 from klppo.nn.numpy.closed_form import loss_grads
+from tests.rows import OneRow
 
 
 def make_batches(agent, head, rng, count, n, obs_dim, old_shift=None):
@@ -147,7 +148,7 @@ def _check_parity(head, objective, ent_coef, opts):
     batches = make_batches(agent, h, rng, count=4, n=64, obs_dim=5)
     start = [q.detach().clone() for q in ref.parameters()]
     reference_steps(ref, loss, batches, beta=0.7)
-    step = NumpyStep(agent, loss, 3e-4, 1e-5, 0.5)
+    step = OneRow(agent, loss)
     for obs, act, old, lo, adv, ret, vold in batches:
         step.step_arrays(obs, act, old, lo, adv, ret, vold, 0.7)
     for (name, p), q in zip(agent.named_parameters(), ref.parameters()):
@@ -183,7 +184,7 @@ def test_fast_step_any_depth_and_width(hidden):
     loss = PPOLoss("clip")
     batches = make_batches(agent, h, rng, count=3, n=128, obs_dim=6, old_shift=0.3)
     reference_steps(ref, loss, batches, beta=0.0)
-    step = NumpyStep(agent, loss, 3e-4, 1e-5, 0.5)
+    step = OneRow(agent, loss)
     for b in batches:
         step.step_arrays(*b, 0.0)
     for (name, p), q in zip(agent.named_parameters(), ref.parameters()):
@@ -192,11 +193,11 @@ def test_fast_step_any_depth_and_width(hidden):
 
 @pytest.mark.parametrize("objective", [n for n, c in OBJECTIVES.items() if c.level != "token"])
 def test_the_fast_path_refuses_sequence_level_objectives(objective):
-    """A sequence-level objective has no per-sample closed form: NumpyStep refuses it by name
+    """A sequence-level objective has no per-sample closed form: the numpy stack refuses it by name
     (the Gymnasium trainer refuses it earlier, in the config)."""
     agent = ActorCritic(4, CategoricalHead(2))
     with pytest.raises(FastPathUnsupported, match=f"{objective!r} has no closed-form"):
-        NumpyStep(agent, PPOLoss(objective), 3e-4, 1e-5, 0.5)
+        OneRow(agent, PPOLoss(objective))
 
 
 def _tilted_class():
@@ -214,7 +215,7 @@ def _tilted_class():
 
 def test_an_objective_without_closed_form_cannot_reach_the_fast_path(monkeypatch, tmp_path,
                                                                     caplog):
-    """Fail closed: NumpyStep refuses it, and the trainer falls back to torch (rollout and
+    """Fail closed: the numpy stack refuses it, and the trainer falls back to torch (rollout and
     update) with a logged reason: the run equals a fast_path=False run exactly."""
     import dataclasses
 
@@ -223,7 +224,7 @@ def test_an_objective_without_closed_form_cannot_reach_the_fast_path(monkeypatch
     monkeypatch.setitem(OBJECTIVES, "tilted", _tilted_class())
     agent = ActorCritic(4, CategoricalHead(2))
     with pytest.raises(FastPathUnsupported, match="'tilted' has no closed-form derivative"):
-        NumpyStep(agent, PPOLoss("tilted"), 3e-4, 1e-5, 0.5)
+        OneRow(agent, PPOLoss("tilted"))
     cfg = dataclasses.replace(rl.preset("klip/cartpole"), objective="tilted", total_steps=1024,
                               tensorboard=False, out=str(tmp_path / "a"))
     a = rl.train(cfg)
@@ -242,7 +243,7 @@ def test_fast_path_off_uses_no_numpy_runner(tmp_path):
     from klppo.rl.trainer import _Trainer
 
     cfg = dataclasses.replace(rl.preset("klip/cartpole"), fast_path=False, tensorboard=False)
-    tr = _Trainer(cfg, tmp_path)
+    tr = _Trainer.alone(cfg, tmp_path)
     assert isinstance(tr.collector.runner, TorchRunner)
     assert not tr.learner.backend.fast
     tr.env.close()

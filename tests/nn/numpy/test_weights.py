@@ -6,8 +6,9 @@ import torch
 
 from klppo.core.loss import PPOLoss
 from klppo.nn import ActorCritic, CategoricalHead, DiagGaussianHead
-from klppo.nn.numpy import NumpyRunner, NumpyStep, StaleWeights, flat_weights
+from klppo.nn.numpy import NumpyRunner, StaleWeights, flat_weights
 from klppo.nn.runners import make_runner
+from tests.rows import OneRow
 
 
 def _torch_outputs(agent, obs):
@@ -39,12 +40,15 @@ def test_runner_acts_on_the_steps_weights_in_either_order(head, runner_first):
     agent = ActorCritic(4, head, log_std_init=-0.3)
     if runner_first:
         runner = NumpyRunner(agent, flat_weights(agent), seed=0)
-        step = NumpyStep(agent, PPOLoss("clip"), 1e-2, 1e-5, 0.5)
+        step = OneRow(agent, PPOLoss("clip"), lr=1e-2)
+        with pytest.raises(StaleWeights):  # the stack's row superseded the runner's buffer
+            runner.act(np.zeros((1, 4), np.float32))
+        runner = make_runner(agent, 0, step.slot.weights)
     else:
-        step = NumpyStep(agent, PPOLoss("clip"), 1e-2, 1e-5, 0.5)
-        runner = make_runner(agent, 0, step.weights)
-    assert isinstance(runner, NumpyRunner) and runner.weights is step.weights
-    assert all(np.shares_memory(p.detach().numpy(), step.weights.flat)
+        step = OneRow(agent, PPOLoss("clip"), lr=1e-2)
+        runner = make_runner(agent, 0, step.slot.weights)
+    assert isinstance(runner, NumpyRunner) and runner.weights is step.slot.weights
+    assert all(np.shares_memory(p.detach().numpy(), step.slot.weights.flat)
                for p in agent.parameters())
     _steps(agent, step, np.random.default_rng(0))
     obs = np.random.default_rng(1).standard_normal((32, 4)).astype(np.float32)

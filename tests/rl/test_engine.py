@@ -1,7 +1,8 @@
-"""The batched engine: each run equals the same run in the ordinary engine bit for bit (metrics and
-whole checkpoint), whatever runs share its process; clip == per_sample_kl inside it; exact
-resume after SIGKILL, by either engine; one run's failure ends that run alone; refusals in one
-line (issue #22)."""
+"""The one engine, whose unit is a group of runs: each run in a group equals the same run alone
+(a group of one) bit for bit (metrics and whole checkpoint), whatever runs share its process and
+whatever features it uses (actuators, BAPO, multi-agent, a shared trunk on the torch stack);
+clip == per_sample_kl inside it; exact resume after SIGKILL in any grouping; one run's failure
+ends that run alone; runs that cannot share a group are refused in one line (issues #22, #29)."""
 
 import dataclasses
 import json
@@ -17,8 +18,8 @@ import pytest
 import torch
 
 from klppo import rl
-from klppo.rl.batched import train_batched, train_group
 from klppo.rl.config import ConfigError
+from klppo.rl.engine.rundirs import train_batched, train_group
 from klppo.rl.trainer import TIMING_KEYS
 from tests.waiting import wait_for_lines
 
@@ -96,7 +97,7 @@ def assert_engines_agree(batched, ordinary):
         assert strip(b.metrics) == strip(o.metrics)
         same_state(checkpoint(b.run_dir), checkpoint(o.run_dir))
         meta = json.loads((b.run_dir / "metadata.json").read_text())
-        assert meta["engine"] == {"name": "batched", "runs": len(batched)}
+        assert meta["engine"] == {"name": "group", "runs": len(batched)}
         assert sorted(p.name for p in b.run_dir.iterdir()) == \
             sorted(p.name for p in o.run_dir.iterdir())
 
@@ -164,7 +165,7 @@ def test_sigkill_then_resume_is_exact_in_either_engine(tmp_path):
     dirs = [tmp_path / f"killed{s}" for s in seeds]
     code = f"""
 import dataclasses, klppo.rl as rl
-from klppo.rl.batched import train_batched
+from klppo.rl.engine.rundirs import train_batched
 def c(out, s):
     x = rl.preset("klip/cartpole")
     return dataclasses.replace(x, out=out, seed=s, objective="kl_penalty", total_steps=4096,
@@ -196,7 +197,7 @@ def test_an_ordinary_runs_checkpoint_resumes_in_the_batched_engine(tmp_path):
     assert back.status == "finished" and strip(back.metrics) == strip(full.metrics)
     same_state(checkpoint(back.run_dir), checkpoint(full.run_dir))
     assert json.loads((back.run_dir / "metadata.json").read_text())["resumes"][0]["engine"] == \
-        {"name": "batched", "runs": 1}
+        {"name": "group", "runs": 1}
 
 
 def test_one_runs_failure_ends_that_run_alone(tmp_path):
@@ -213,14 +214,15 @@ def test_one_runs_failure_ends_that_run_alone(tmp_path):
     assert strip(res[0].metrics) == strip(alone.metrics)
 
 
-def test_refusals_are_one_line_before_any_directory(tmp_path):
+def test_runs_that_cannot_share_a_group_are_refused_in_one_line_before_any_directory(tmp_path):
     ok = config(tmp_path / "a")
+    stacks = "they differ in stacks"
     cases = [
-        (config(tmp_path / "b", net=dataclasses.replace(ok.net, shared_trunk=True)),
-         "net.shared_trunk"),
-        (config(tmp_path / "b", fast_path=False), "step='torch' (not 'numpy')"),
-        (config(tmp_path / "b", rollout=dict(num_envs=8)), "rollout.num_envs=8 (not 4)"),
-        (config(tmp_path / "b", env="Acrobot-v1"), "env='Acrobot-v1'"),
+        (config(tmp_path / "b", net=dataclasses.replace(ok.net, shared_trunk=True)), stacks),
+        (config(tmp_path / "b", fast_path=False), stacks),
+        (config(tmp_path / "b", rollout=dict(num_envs=8)), stacks),
+        (config(tmp_path / "b", env="Acrobot-v1"), stacks),
+        (config(tmp_path / "b", rollout=dict(num_steps=64, num_envs=8)), "rollout.num_steps"),
     ]
     if not torch.cuda.is_available():  # a device that does not resolve here
         cases.append((config(tmp_path / "b", device="cuda"), "device='cuda'"))
@@ -229,3 +231,78 @@ def test_refusals_are_one_line_before_any_directory(tmp_path):
             train_batched([ok, other])
         assert "\n" not in str(e.value)
     assert not any(tmp_path.iterdir())
+
+
+#: every per-run feature the engine once refused for grouping, in one group of one shape
+FEATURES = [
+    dict(objective="clip", seed=0, ppo=dict(anneal_lr=False), kl=dict(actuator="lr",
+                                                                      target=0.005)),
+    dict(objective="clip_kl", seed=1, kl=dict(actuator="clip", actuator_rule="rl_games")),
+    dict(objective="clip", seed=2, ppo=dict(band_controller="bapo")),
+    dict(objective="kl_penalty", seed=3, kl=dict(controller="step", preset="klip")),
+]
+
+
+def test_actuators_and_band_controllers_train_in_a_group_as_alone(tmp_path):
+    grouped = train_batched([config(tmp_path / f"b{i}", **v) for i, v in enumerate(FEATURES)])
+    alone = [rl.train(config(tmp_path / f"o{i}", **v)) for i, v in enumerate(FEATURES)]
+    assert_engines_agree(grouped, alone)
+    last = [r.metrics[-1] for r in grouped]
+    assert last[0]["actuator_updates"] > 0 and last[1]["actuator_updates"] > 0
+    assert "bapo_c_high" in last[2] and last[3]["controller_updates"] == 1
+
+
+@pytest.mark.parametrize("net", [dict(shared_trunk=True), dict(shared_trunk=True,
+                                                                separate_losses=True),
+                                 dict(hidden=(32,))], ids=["trunk", "trunk-separate", "one"])
+def test_torch_stack_networks_train_in_a_group_as_alone(tmp_path, net):
+    """Torch rows (a shared trunk: any network klppo builds) are stacked too; a run's numbers
+    do not depend on the rows beside it (a lone row is padded, see torch_stack)."""
+    cfgs = lambda p: [config(tmp_path / f"{p}{s}", seed=s, steps=1536, fast_path=False,  # noqa: E731
+                             net=dataclasses.replace(rl.preset("klip/cartpole").net, **net))
+                      for s in (0, 1)]
+    grouped = train_batched(cfgs("g"))
+    alone = [rl.train(c) for c in cfgs("a")]
+    for g, a in zip(grouped, alone):
+        assert strip(g.metrics) == strip(a.metrics)
+
+
+def test_multi_agent_runs_train_in_a_group_as_alone(tmp_path):
+    """A multi-agent run's policies are rows (of two stacks here: their observations differ);
+    two runs share the group and each equals itself alone."""
+    def c(out, seed):
+        x = rl.preset("marl/simple_adversary")
+        return dataclasses.replace(x, out=str(out), seed=seed, total_steps=1600,
+                                   tensorboard=False)
+    grouped = train_batched([c(tmp_path / f"g{s}", s) for s in (0, 1)])
+    alone = [rl.train(c(tmp_path / f"a{s}", s)) for s in (0, 1)]
+    assert_engines_agree(grouped, alone)
+    assert "adversary/beta" in grouped[0].metrics[-1]
+
+
+def test_wandb_runs_log_side_by_side_in_a_group(tmp_path, monkeypatch):
+    """Each run of a group owns its W&B run (wandb's reinit='create_new')."""
+    import types
+
+    runs = []
+
+    class FakeRun:
+        def __init__(self, **kw):
+            self.init, self.logged = kw, []
+
+        def log(self, data, step):
+            self.logged.append(step)
+
+        def finish(self):
+            pass
+
+    def init(**kw):
+        runs.append(FakeRun(**kw))
+        return runs[-1]
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    res = train_batched([config(tmp_path / f"w{s}", seed=s, steps=1536, track="wandb")
+                         for s in (0, 1)])
+    assert [r.init["reinit"] for r in runs] == ["create_new", "create_new"]
+    assert [r.logged for r in runs] == [[m["global_step"] for m in x.metrics] for x in res]
+    assert [r.init["dir"] for r in runs] == [str(x.run_dir) for x in res]

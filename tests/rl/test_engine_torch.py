@@ -1,9 +1,11 @@
-"""The batched engine's torch stack (``fast_path: false``: the step a GPU runs), tested on the CPU:
-each run follows its ordinary torch run (the stacked ``baddbmm`` rounds differently from
-``addmm`` in the last bits, so to a tolerance, not bit for bit); a run is a function of its seed;
-its checkpoint is the ordinary engine's format and resumes there; the group shares one stack
-(issue #22)."""
+"""The engine's torch stack (``fast_path: false``, a shared trunk, or a GPU), tested on the CPU:
+its step equals plain autograd on the network and torch's Adam (to float rounding: the stacked
+``baddbmm`` rounds otherwise than ``nn.Linear``'s ``addmm``; ``tests/rl/test_update_loop.py``
+holds a whole update to the numpy stack's), a run is a function of its seed and does not depend
+on its group, its checkpoint holds its own weights and resumes exactly after SIGKILL (issues #22,
+#29)."""
 
+import copy
 import dataclasses
 import math
 import os
@@ -16,19 +18,21 @@ import pytest
 import torch
 
 from klppo import rl
-from klppo.rl.batched import train_batched, train_group
-from klppo.rl.batched.engine import _stack
-from klppo.rl.batched.torch_stack import TorchRunStack
-from tests.rl.test_batched import (
+from klppo.core.loss import PPOLoss
+from klppo.nn import ActorCritic, CategoricalHead, DiagGaussianHead
+from klppo.rl.engine.groups import StackSet
+from klppo.rl.engine.rundirs import train_batched, train_group
+from klppo.rl.engine.torch_stack import TorchStack
+from tests.nn.numpy.test_step import make_batches, reference_steps
+from tests.rl.test_engine import (
     CARTPOLE,
-    PENDULUM,
     ROOT,
     checkpoint,
     config,
-    pendulum,
     same_state,
     strip,
 )
+from tests.rows import OneRow
 from tests.waiting import wait_for_lines
 
 CHECKED = ("loss", "loss_objective", "loss_critic", "kl", "rollout_kl", "approx_kl", "beta",
@@ -50,48 +54,58 @@ def assert_close(batched, ordinary, iterations, rtol):
                     assert mb[k] == pytest.approx(mo[k], rel=rtol, abs=1e-6), k
 
 
-def test_the_torch_stack_follows_the_ordinary_torch_runs(tmp_path):
-    """Controllers at every cadence, both early stops, an entropy bonus, sampled KL (CartPole),
-    and a Gaussian policy with normalisation (Pendulum): the torch stack's runs agree with the
-    same runs trained alone with torch."""
-    cart = torch_runs(config, CARTPOLE[:4], tmp_path, "cb")
-    batched = train_batched(cart)
-    ordinary = [rl.train(dataclasses.replace(c, out=str(tmp_path / f"co{i}")))
-                for i, c in enumerate(cart)]
-    assert_close(batched, ordinary, 4, 1e-5)
-    pend = torch_runs(pendulum, PENDULUM, tmp_path, "pb")
-    batched = train_batched(pend)
-    ordinary = [rl.train(dataclasses.replace(c, out=str(tmp_path / f"po{i}")))
-                for i, c in enumerate(pend)]
-    assert_close(batched, ordinary, 3, 1e-4)
+@pytest.mark.parametrize("net", [{}, {"shared_trunk": True},
+                                 {"shared_trunk": True, "separate_losses": True}],
+                         ids=["separate", "trunk", "trunk-separate-losses"])
+@pytest.mark.parametrize("head", ["categorical", "gaussian"])
+@pytest.mark.parametrize("objective, opts", [("clip", {"ent_coef": 0.01}),
+                                             ("kl_penalty", {"kl_estimator": "k3"}),
+                                             ("sapo", {})])
+def test_the_torch_step_equals_autograd_and_adam(head, objective, opts, net):
+    """A whole torch-stack step (stacked forward, each row's head and PPOLoss, one backward,
+    the stacked clip and Adam) equals autograd on the network and torch.optim.Adam."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    h = CategoricalHead(3) if head == "categorical" else DiagGaussianHead(2)
+    agent = ActorCritic(5, h, log_std_init=-0.3, **net)
+    ref = copy.deepcopy(agent)
+    loss = PPOLoss(objective, **opts)
+    batches = make_batches(agent, h, rng, count=4, n=64, obs_dim=5)
+    reference_steps(ref, loss, batches, beta=0.7)
+    step = OneRow(agent, loss, library="torch")
+    for b in batches:
+        step.step_arrays(*b, 0.7)
+    for (name, p), q in zip(agent.named_parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=2e-6, rtol=1e-5), name
 
 
-def test_a_torch_stack_run_is_a_function_of_its_seed_and_its_checkpoint_the_ordinary_format(
+def test_a_torch_stack_run_is_a_function_of_its_seed_and_its_checkpoint_the_numpy_format(
         tmp_path):
     runs = torch_runs(config, CARTPOLE[:2], tmp_path, "a")
     first = train_batched(runs)
     again = train_batched([dataclasses.replace(c, out=str(tmp_path / f"b{i}"))
                            for i, c in enumerate(runs)])
     assert [strip(r.metrics) for r in first] == [strip(r.metrics) for r in again]
-    ordinary = rl.train(dataclasses.replace(runs[0], out=str(tmp_path / "o")))
-    ours, theirs = checkpoint(first[0].run_dir), checkpoint(ordinary.run_dir)
+    on_numpy = rl.train(dataclasses.replace(runs[0], out=str(tmp_path / "o"), fast_path=True))
+    ours, theirs = checkpoint(first[0].run_dir), checkpoint(on_numpy.run_dir)
     opt_b, opt_o = ours["optimizer"], theirs["optimizer"]
     assert sorted(opt_b) == sorted(opt_o) and opt_b["t"] == opt_o["t"]
-    assert np.allclose(opt_b["m"], opt_o["m"], rtol=1e-3, atol=1e-6)
-    # the ordinary engine resumes it: extend the finished run by one iteration
+    # a run alone resumes it: extend the finished run by one iteration
     longer = rl.resume(first[0].run_dir, total_steps=runs[0].total_steps + 512)
     assert longer.status == "finished" and len(longer.metrics) == len(first[0].metrics) + 1
 
 
 def test_the_group_shares_one_stack_whose_rows_the_networks_view(tmp_path):
     cfgs = torch_runs(config, CARTPOLE[:3], tmp_path, "s")
-    stack, ops = _stack(cfgs[0], 3)
-    assert isinstance(stack, TorchRunStack) and ops.__name__.endswith("torch_step")
+    stacks = StackSet.of(cfgs)
+    (stack,) = stacks.stacks.values()
+    assert isinstance(stack, TorchStack) and stack.R == 3
     from klppo.rl.trainer import open_new
     from klppo.runs.threads import compute_threads
 
     with compute_threads(1) as threads:
-        opened = [open_new(c, threads, stack.maker(r, c.ppo), {}) for r, c in enumerate(cfgs)]
+        opened = [open_new(c, threads, lambda n, x, r=r: stacks.maker(r, n, x), {})
+                  for r, c in enumerate(cfgs)]
     try:
         for r, (tr, _life) in enumerate(opened):
             agent = tr.unit.agent
@@ -115,7 +129,7 @@ def test_sigkill_then_resume_of_a_torch_group_is_exact(tmp_path):
     dirs = [tmp_path / f"killed{s}" for s in seeds]
     code = f"""
 import dataclasses, klppo.rl as rl
-from klppo.rl.batched import train_batched, train_group
+from klppo.rl.engine.rundirs import train_batched, train_group
 def c(out, s):
     x = rl.preset("klip/cartpole")
     return dataclasses.replace(x, out=out, seed=s, objective="kl_penalty", total_steps=4096,

@@ -1,0 +1,301 @@
+"""Rollouts of a stack's single-agent runs in lock step, their per-run work as ``[R, ...]`` arrays.
+
+Each run keeps its own :class:`~klppo.rl.rollout.Collector` (its vector env and seeds, buffer,
+normalisers, episode bookkeeping, rollout runner and generator: what its checkpoint holds). A
+:class:`StackedRollout` gathers their state into arrays with a leading row axis at the start of a
+rollout and scatters it back at its end; the buffers are the rows of one stacked buffer (each
+collector's buffer views its row). Per env step: one stacked actor and critic forward for every
+row, one draw from each run's own generator, then the sampling, the buffer writes, the action
+clip, the checks, the episode bookkeeping and the observation and reward normalisation as one
+array operation each for all rows; only the env step itself stays one call per run. Every
+operation is elementwise per row or reduces one row's own axis as the run's own objects do, so
+each run gets the numbers of its own :meth:`Collector.collect`, bit for bit; a run alone is a
+stack of one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from klppo.nn._rowops import row_cumsum
+from klppo.nn.numpy import NumpyRunner
+from klppo.nn.numpy.heads import HALF_LOG_2PI, log_softmax
+from klppo.rl.engine.norm import StackedStats, clip
+from klppo.rl.envpool_backend import EnvPoolGroup, EnvPoolSlice
+from klppo.rl.rollout import Collector, EpisodeStats, NonFiniteEnvError
+
+__all__ = ["collect_rows", "StackedRollout"]
+
+
+def collect_rows(stack: Any, collectors: dict[int, Collector], iterations: dict[int, int],
+                 work: dict[str, Any]) -> dict[int, EpisodeStats | BaseException]:
+    """One rollout of each run (``collectors`` by stack row, each at its iteration); per run its
+    episodes, or the error that stopped it (its env's). ``work`` keeps the stack's
+    :class:`StackedRollout` between calls."""
+    ro = work.get("rollout")
+    if ro is None or not ro.serves(collectors):
+        ro = work["rollout"] = StackedRollout(stack, collectors)
+    return ro.collect(collectors, iterations)
+
+
+def _pooled(live: dict[int, Collector]) -> dict[EnvPoolGroup, dict[int, int]]:
+    """Per EnvPool pool, the rows whose envs are its slices (stepped by it in one call) and
+    each one's slice index."""
+    out: dict[EnvPoolGroup, dict[int, int]] = {}
+    for r, c in live.items():
+        if isinstance(c.env, EnvPoolSlice) and c.env.pooled:
+            out.setdefault(c.env.group, {})[r] = c.env.k
+    return out
+
+
+def _rng(c: Collector) -> np.random.Generator:
+    """The numpy runner's generator (numpy stacks' rows act with a NumpyRunner)."""
+    assert isinstance(c.runner, NumpyRunner)
+    return c.runner.rng
+
+
+def _rows(R: int, values: dict[int, Any], fill: Any, shape: tuple[int, ...] = ()) -> np.ndarray:
+    """``[R, *shape]`` from per-row values (rows without one get ``fill``)."""
+    out = np.full((R, *shape), fill, np.float64)
+    for r, v in values.items():
+        out[r] = v
+    return out
+
+
+class StackedRollout:
+    """The stacked buffers and per-row settings of one stack's lock-step collectors (see the
+    module docstring)."""
+
+    def __init__(self, stack: Any, collectors: dict[int, Collector]) -> None:
+        first = next(iter(collectors.values()))
+        self.stack, self.ids = stack, {r: id(c) for r, c in collectors.items()}
+        R, self.T, self.N, d = stack.R, first.T, first.N, first.obs_dim
+        self.B = {k: np.zeros((R, *a.shape), a.dtype) for k, a in first.np.items()}
+        for r, c in collectors.items():
+            c.use_buffers({k: b[r] for k, b in self.B.items()})
+        self.box = first.box
+        if self.box:
+            self.low = _rows(R, {r: c.act_low for r, c in collectors.items()}, -np.inf,
+                             first.act_low.shape).astype(np.float32)[:, None]
+            self.high = _rows(R, {r: c.act_high for r, c in collectors.items()}, np.inf,
+                              first.act_high.shape).astype(np.float32)[:, None]
+        obs, rew = ({r: getattr(c, k) for r, c in collectors.items() if getattr(c, k)}
+                    for k in ("obs_norm", "reward_scaler"))
+        self.norm_obs = np.array([r in obs for r in range(R)])[:, None, None]
+        self.norm_rew = np.array([r in rew for r in range(R)])[:, None]
+        self.clip_obs = _rows(R, {r: n.clip for r, n in obs.items()}, np.inf)[:, None, None]
+        self.clip_rew = _rows(R, {r: s.clip for r, s in rew.items()}, np.inf)[:, None]
+        self.gamma = _rows(R, {r: s.gamma for r, s in rew.items()}, 0.0)[:, None]
+        self.obs_stats, self.rew_stats = StackedStats(R, (d,)), StackedStats(R, ())
+        self.X = np.zeros((R, self.N, d), np.float32)
+        self.raw = np.zeros((R, self.N, d), np.float64)
+        self.rew = np.zeros((R, self.N), np.float64)
+        self.term, self.trunc = (np.zeros((R, self.N), np.bool_) for _ in range(2))
+        self.ep_return, self.ret = np.zeros((R, self.N)), np.zeros((R, self.N))
+        self.ep_length = np.zeros((R, self.N), np.int64)
+        self.draw = np.zeros((R, self.N, *(first.np["actions"].shape[2:] or (1,))), np.float32)
+
+    def serves(self, collectors: dict[int, Collector]) -> bool:
+        """Whether these are (some of) the collectors it was built for."""
+        return all(self.ids.get(r) == id(c) for r, c in collectors.items())
+
+    # ------------------------------------------------------------------ a rollout
+    def collect(self, collectors: dict[int, Collector], iterations: dict[int, int]
+                ) -> dict[int, EpisodeStats | BaseException]:
+        live = dict(collectors)
+        self._gather(live)
+        out: dict[int, EpisodeStats | BaseException] = {}
+        for t in range(self.T):
+            out_t, values = self.stack.act(self.X)
+            env_actions = self._act(t, out_t, values, live)
+            self._step(t, env_actions, live, iterations, out)
+        self._finish(live, out)
+        return out
+
+    def _gather(self, live: dict[int, Collector]) -> None:
+        for r, c in live.items():
+            c.begin()
+            self.X[r], self.ep_return[r], self.ep_length[r] = c.next_obs, c.ep_return, c.ep_length
+            if c.reward_scaler is not None:
+                self.ret[r] = c.reward_scaler.ret
+        self.obs_stats.gather({r: c.obs_norm.rms for r, c in live.items() if c.obs_norm})
+        self.rew_stats.gather({r: c.reward_scaler.rms for r, c in live.items()
+                               if c.reward_scaler})
+
+    def _act(self, t: int, out: Any, values: Any, live: dict[int, Collector]) -> np.ndarray:
+        """Sample every row's actions from its own generator; write obs, actions, log-probs,
+        distribution parameters and values at step ``t``; the env's (clipped) actions."""
+        B = self.B
+        B["obs"][:, t] = self.X
+        if not self.stack.fast:  # torch rows: each run's TorchRunner draws on the device
+            for r, c in live.items():
+                a, lp, p, v = c.runner.sample(out[r], values[r])
+                B["actions"][r, t], B["logp"][r, t], B["params"][r, t], B["values"][r, t] = \
+                    a, lp, p, v
+            action = B["actions"][:, t]
+        else:
+            action = self._sample_numpy(t, out, live)
+            B["values"][:, t] = values
+        if self.box:
+            return np.minimum(np.maximum(action, self.low), self.high)
+        return action
+
+    def _sample_numpy(self, t: int, out: np.ndarray, live: dict[int, Collector]) -> np.ndarray:
+        """:meth:`klppo.nn.numpy.heads.Gaussian.act` / ``Categorical.act`` for every row at
+        once, from one draw of each run's own generator."""
+        B, draw = self.B, self.draw
+        if self.box:
+            for r, c in live.items():
+                _rng(c).standard_normal(dtype=np.float32, out=draw[r])
+            s, e = self.stack.layout.log_std
+            log_std = self.stack.W[:, None, s:e]
+            d = out.shape[-1]
+            action = B["actions"][:, t]
+            np.add(out, np.exp(log_std) * draw, out=action)
+            B["params"][:, t, :, :d], B["params"][:, t, :, d:] = out, log_std
+            B["logp"][:, t] = (-0.5 * draw * draw - log_std - HALF_LOG_2PI).sum(-1)
+            return action
+        for r, c in live.items():
+            _rng(c).random(dtype=np.float32, out=draw[r, :, 0])
+        R, N, k = out.shape
+        logits = out.reshape(R * N, k)
+        logp_all = log_softmax(logits)[0]
+        cdf = row_cumsum(np.exp(logp_all))
+        below = draw.reshape(R * N, 1) * cdf[:, -1:] >= cdf
+        action = np.zeros(R * N, np.int64)
+        for j in range(k - 1):  # the count of edges passed (cdf is monotone)
+            action += below[:, j]
+        B["actions"][:, t] = action.reshape(R, N)
+        B["logp"][:, t] = logp_all[np.arange(R * N), action].reshape(R, N)
+        B["params"][:, t] = out
+        return B["actions"][:, t]
+
+    def _step(self, t: int, env_actions: np.ndarray, live: dict[int, Collector],
+              iterations: dict[int, int], out: dict[int, Any]) -> None:
+        """Step every run's env, then check, count, normalise and store for all rows."""
+        infos: dict[int, Any] = {}
+        pooled = _pooled(live)
+        for pool, rows in pooled.items():  # one EnvPool call for the rows of one pool
+            try:
+                res = pool.step({k: env_actions[r] for r, k in rows.items()})
+            except Exception as e:  # noqa: BLE001 - the pool failed: its runs stop
+                for r in rows:
+                    out[r] = e
+                    del live[r]
+                continue
+            for r, k in rows.items():
+                obs, rew, term, trunc, info = res[k]
+                self._store(r, obs, rew, term, trunc, info, infos)
+        for r, c in list(live.items()):
+            if r in infos:
+                continue
+            try:
+                obs, rew, term, trunc, info = c.env.step(env_actions[r])
+                self._store(r, obs, rew, term, trunc, info, infos)
+            except Exception as e:  # noqa: BLE001 - this run's env failed: it alone stops
+                out[r] = e
+                del live[r]
+        self._check(t, live, iterations, out)
+        done = self.term | self.trunc
+        self.ep_return += self.rew
+        self.ep_length += 1
+        if done.any():
+            self._episodes_end(t, done, live, infos, iterations, out)
+        B = self.B
+        B["rewards"][:, t] = self._scaled_rewards(done)
+        B["terminated"][:, t] = self.term
+        B["truncated"][:, t] = self.trunc & ~self.term
+        self.X[...] = self._prep_obs()
+
+    def _store(self, r: int, obs: Any, rew: Any, term: Any, trunc: Any, info: Any,
+               infos: dict[int, Any]) -> None:
+        """Row ``r``'s step: its observations, rewards and ends into the stacked arrays."""
+        self.raw[r] = np.asarray(obs).reshape(self.N, -1)
+        self.rew[r], self.term[r], self.trunc[r] = rew, term, trunc
+        infos[r] = info
+
+    def _check(self, t: int, live: dict[int, Collector], iterations: dict[int, int],
+               out: dict[int, Any]) -> None:
+        """:meth:`Collector._check` for every row: one sum is finite when every term is."""
+        if math.isfinite(np.add.reduce(self.raw, axis=None)) and \
+                math.isfinite(np.add.reduce(self.rew, axis=None)):
+            return
+        for r, c in list(live.items()):
+            try:
+                c._check(self.raw[r], self.rew[r], iterations[r], t)
+            except NonFiniteEnvError as e:
+                out[r] = e
+                del live[r]
+        self.raw[~np.isfinite(self.raw)] = 0.0  # rows that stopped: no warnings from them
+        self.rew[~np.isfinite(self.rew)] = 0.0
+
+    def _episodes_end(self, t: int, done: np.ndarray, live: dict[int, Collector],
+                      infos: dict[int, Any], iterations: dict[int, int],
+                      out: dict[int, Any]) -> None:
+        """The episodes that ended at step ``t``: their returns and lengths, and the final
+        observation of each truncated one (for its bootstrap)."""
+        for r, c in list(live.items()):
+            for i in np.flatnonzero(done[r]):
+                c.stats.returns.append(float(self.ep_return[r, i]))
+                c.stats.lengths.append(int(self.ep_length[r, i]))
+                if self.trunc[r, i] and not self.term[r, i]:
+                    final = np.asarray(infos[r]["final_obs"][i], dtype=np.float32).reshape(-1)
+                    try:
+                        c._check(final, self.rew[r], iterations[r], t)
+                    except NonFiniteEnvError as e:
+                        out[r] = e
+                        del live[r]
+                        break
+                    c.trunc_final.append((t, int(i), final))
+        self.ep_return[done] = 0.0
+        self.ep_length[done] = 0
+
+    def _scaled_rewards(self, done: np.ndarray) -> np.ndarray:
+        """:class:`~klppo.rl.envs.RewardScaler` of every row that has one (raw rewards for the
+        others)."""
+        if not self.norm_rew.any():
+            return self.rew
+        self.ret = self.ret * self.gamma + self.rew
+        self.rew_stats.update(self.ret)
+        scaled = self.rew / np.sqrt(self.rew_stats.var + 1e-8)[:, None]
+        self.ret[done] = 0.0
+        scaled = clip(scaled, -self.clip_rew, self.clip_rew).astype(np.float32)
+        return np.where(self.norm_rew, scaled, self.rew)
+
+    def _prep_obs(self) -> np.ndarray:
+        """The observations the policy sees next: float32, normalised (with an update of the
+        statistics) in the rows that normalise."""
+        obs = self.raw.astype(np.float32)
+        if not self.norm_obs.any():
+            return obs
+        self.obs_stats.update(obs)
+        s = self.obs_stats
+        norm = (obs - s.mean[:, None]) / np.sqrt(s.var + 1e-8)[:, None]
+        norm = clip(norm, -self.clip_obs, self.clip_obs).astype(np.float32)
+        return np.where(self.norm_obs, norm, obs)
+
+    def _finish(self, live: dict[int, Collector], out: dict[int, Any]) -> None:
+        """Scatter the state back, then bootstrap: V(s_{t+1}) inside the rollout, V(next obs)
+        after it (one stacked critic forward), V(final observation) where an episode was
+        truncated (each run's runner, on its normalised final observations)."""
+        self.obs_stats.scatter({r: c.obs_norm.rms for r, c in live.items() if c.obs_norm})
+        self.rew_stats.scatter({r: c.reward_scaler.rms for r, c in live.items()
+                                if c.reward_scaler})
+        _, v_last = self.stack.act(self.X)
+        v_last = np.asarray(v_last.cpu() if hasattr(v_last, "cpu") else v_last)
+        nv = self.B["next_values"]
+        nv[:, :-1] = self.B["values"][:, 1:]
+        nv[:, -1] = v_last
+        for r, c in live.items():
+            c.next_obs = self.X[r].copy()
+            c.ep_return, c.ep_length = self.ep_return[r].copy(), self.ep_length[r].copy()
+            if c.reward_scaler is not None:
+                c.reward_scaler.ret = self.ret[r].copy()
+            try:
+                c.bootstrap_truncated()
+                out[r] = c.stats
+            except Exception as e:  # noqa: BLE001 - its env's final observation (bootstrap)
+                out[r] = e

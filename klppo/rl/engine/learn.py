@@ -1,0 +1,182 @@
+"""THE PPO update loop: the epochs and minibatches of every policy of a stack, side by side.
+
+Per policy this reads top to bottom as a one-run PPO update: for each epoch a fresh permutation
+from the policy's own generator; for each minibatch its early-stop check (SB3's rule, k3 on its
+own network), the before-step updates of its lr / clip actuator and clip-bound controller (BAPO),
+its beta, one step, and its :class:`~klppo.rl.update.Schedule` (controller cadence, the
+actuator's after-step update, the epoch rule). Minibatch ``j`` of every policy still updating is
+computed in one stacked step (:meth:`klppo.rl.engine.numpy_stack.NumpyStack.step` or the torch
+stack's); a policy that stopped early takes no further steps (the others step as a gathered
+subset). A plain run is a stack of one: the same loop, ``R = 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from klppo.core._checks import validation
+from klppo.nn.numpy import mlp
+from klppo.nn.step import StepResult
+from klppo.rl.engine.rows import Minibatch
+from klppo.rl.update import Batch, Learner, Schedule, UpdateResult
+
+__all__ = ["RunUpdate", "Rollouts", "update_rows", "policy_kls", "update_one"]
+
+
+@dataclass
+class RunUpdate:
+    """One policy's update in progress: its learner, rollout and advantages, its schedule and
+    steps so far. ``row`` is its stack row."""
+
+    learner: Learner
+    batch: Batch
+    adv: torch.Tensor = field(init=False)
+    sched: Schedule = field(init=False)
+    steps: list[StepResult] = field(default_factory=list)
+    epochs: int = 0
+    done: bool = False
+    in_epoch: bool = False
+    perm: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    before: int = 0
+
+    def __post_init__(self) -> None:
+        ln = self.learner
+        self.adv = ln.advantages_for_update(self.batch)
+        self.sched = ln.new_schedule()
+        ln.backend.begin(self.batch, self.adv)
+        if ln.band is not None:
+            ln.band.begin(self.adv)
+
+    @property
+    def row(self) -> int:
+        return int(self.learner.backend.row)
+
+    @property
+    def stack(self) -> Any:
+        return self.learner.backend.stack
+
+    def start_epoch(self) -> None:
+        self.perm = torch.randperm(len(self.batch), generator=self.learner.gen)
+        self.before, self.in_epoch = len(self.steps), True
+        self.sched.start_epoch()
+
+    def skips(self, start: int, size: int) -> bool:
+        """The minibatch early stop (it ends the policy's update); else the before-step updates
+        of its actuator and band controller for the minibatch at ``start``."""
+        idx = self.perm[start:start + size]
+        if self.sched.skip_minibatch(lambda: self.learner.backend.k3(idx)):
+            self.in_epoch = False
+            return True
+        self.sched.before_step(idx)
+        return False
+
+    def end_epoch(self) -> None:
+        """Stop after an early stop, an epoch without a step, or the epoch rule."""
+        self.epochs += len(self.steps) > self.before  # an epoch cut short by the stop counts
+        if self.sched.early_stopped or len(self.steps) == self.before:
+            self.done = True
+        elif self.sched.after_epoch(self.steps[-1], self.batch):
+            self.done = True
+
+    def result(self) -> UpdateResult:
+        return self.learner.update_metrics(self.batch, self.steps, self.sched, self.epochs)
+
+
+class Rollouts:
+    """The rollouts of a stack's updating rows stacked ``[R, B, ...]`` once per iteration
+    (rows not updating keep old numbers), so a minibatch of every row is one gather per field."""
+
+    FIELDS = ("obs", "actions", "params", "logp", "returns", "values")
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def fill(self, R: int, updates: list[RunUpdate]) -> None:
+        for name in (*self.FIELDS, "adv"):
+            for u in updates:
+                x = (u.adv if name == "adv" else getattr(u.batch, name)).numpy()
+                a = self.arrays.get(name)
+                if a is None or a.shape[1:] != x.shape or a.dtype != x.dtype:
+                    a = self.arrays[name] = np.zeros((R, *x.shape), x.dtype)
+                a[u.row] = x
+
+    def minibatch(self, rows: np.ndarray, idx: np.ndarray) -> Minibatch:
+        """Rows ``idx [A, n]`` of the stack rows ``rows`` (copies, gathered with one flat
+        index)."""
+        B = self.arrays["obs"].shape[1]
+        flat = (rows[:, None] * B + idx).ravel()
+        g = {name: a.reshape(-1, *a.shape[2:]).take(flat, 0).reshape(*idx.shape, *a.shape[2:])
+             for name, a in self.arrays.items()}
+        return Minibatch(idx, g["obs"], g["actions"], g["params"], g["logp"], g["adv"],
+                         g["returns"], g["values"])
+
+
+def update_rows(stack: Any, updates: list[RunUpdate], rollouts: Rollouts,
+                ws: mlp.Workspace) -> list[UpdateResult | BaseException]:
+    """Every update of one stack's rows (see the module docstring); per row its result, or the
+    error that stopped it (a non-finite loss). The rows share epochs, batch and minibatch sizes
+    (a stack's rows are grouped by them)."""
+    rollouts.fill(stack.R, updates)
+    cfg = updates[0].learner.cfg.ppo
+    B, size = len(updates[0].batch), cfg.minibatch_size
+    with validation(False):  # inputs come from checked rollouts; results are checked below
+        for _epoch in range(cfg.update_epochs):
+            active = [u for u in updates if not u.done]
+            if not active:
+                break
+            for u in active:
+                u.start_epoch()
+            for start in range(0, B, size):
+                stepping = [u for u in active if u.in_epoch and not u.skips(start, size)]
+                if not stepping:
+                    break
+                _step(stack, stepping, start, size, rollouts, ws)
+            for u in active:
+                u.end_epoch()
+    out: list[UpdateResult | BaseException] = []
+    for u in updates:
+        try:
+            out.append(u.result())
+        except (FloatingPointError, ValueError) as e:  # this row's loss became non-finite
+            out.append(e)
+    return out
+
+
+def _step(stack: Any, stepping: list[RunUpdate], start: int, size: int, rollouts: Rollouts,
+          ws: mlp.Workspace) -> None:
+    rows = np.array([u.row for u in stepping])
+    idx = np.stack([u.perm[start:start + size].numpy() for u in stepping])
+    results = stack.step(rows, rollouts.minibatch(rows, idx), [u.learner.loss for u in stepping],
+                         [u.sched.beta() for u in stepping], ws)
+    for u, r in zip(stepping, results):
+        u.steps.append(r)
+        u.sched.after_step(r, len(r.idx))
+
+
+def policy_kls(stack: Any, updates: list[RunUpdate], rollouts: Rollouts,
+               ws: mlp.Workspace) -> list[float]:
+    """Each row's rollout KL after its update: analytic KL(rollout policy || updated policy),
+    mean over the rollout (nats per sample), from one stacked forward."""
+    rows = np.array([u.row for u in updates])
+    obs, params = rollouts.arrays["obs"], rollouts.arrays["params"]
+    if len(rows) != stack.R:
+        obs, params = obs[rows], params[rows]
+    return stack.policy_kl(rows, obs, params, ws)
+
+
+def update_one(learner: Learner, batch: Batch) -> tuple[UpdateResult, float]:
+    """One policy's update of ``batch`` through :func:`update_rows` (its stack's other rows
+    idle), and its rollout KL after it, the iteration-cadence controller updated from it: what
+    an iteration of a one-policy run computes after its rollout."""
+    u = RunUpdate(learner, batch)
+    ro, ws = Rollouts(), mlp.Workspace()
+    res = update_rows(u.stack, [u], ro, ws)[0]
+    if isinstance(res, BaseException):
+        raise res
+    kl = policy_kls(u.stack, [u], ro, ws)[0]
+    u.sched.after_iteration(kl, len(batch))
+    return res, kl

@@ -1,0 +1,65 @@
+"""The running statistics of a stack's runs as ``[R, ...]`` arrays, for one rollout at a time.
+
+Each run keeps its own :class:`~klppo.rl.envs.ObsNormalizer` and
+:class:`~klppo.rl.envs.RewardScaler` (checkpointed with it); the lock-step collection
+(:mod:`~klppo.rl.engine.collect`) gathers their state into a :class:`StackedStats` at the start
+of a rollout, updates all rows with one call per step, and scatters the state back at its end.
+Every operation is elementwise per row or a reduction over one row's own axis in the order the
+run's own object reduces (numpy reduces a row of a stack as it reduces the row alone), so each
+row gets its own object's numbers bit for bit (``tests/rl/test_engine.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from klppo.rl.envs import RunningMeanStd
+
+__all__ = ["StackedStats", "clip"]
+
+
+def clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
+    """``np.clip`` (NaN propagates alike) without its dispatch overhead."""
+    return np.minimum(np.maximum(x, lo), hi)
+
+
+class StackedStats:
+    """R :class:`~klppo.rl.envs.RunningMeanStd` of one shape as ``mean``, ``var`` ``[R,
+    *shape]`` and ``count`` ``[R]`` (float64, as each run's)."""
+
+    def __init__(self, R: int, shape: tuple[int, ...]) -> None:
+        self.mean = np.zeros((R, *shape), np.float64)
+        self.var = np.ones((R, *shape), np.float64)
+        self.count = np.full(R, 1e-4, np.float64)
+        self._col = (slice(None),) + (None,) * len(shape)  # count as a column of the rows
+
+    def gather(self, stats: dict[int, RunningMeanStd]) -> None:
+        """Rows ``r`` from ``stats[r]``."""
+        for r, s in stats.items():
+            self.mean[r], self.var[r], self.count[r] = s.mean, s.var, s.count
+
+    def scatter(self, stats: dict[int, RunningMeanStd]) -> None:
+        """``stats[r]`` from row ``r``."""
+        for r, s in stats.items():
+            s.mean, s.var, s.count = self.mean[r].copy(), self.var[r].copy(), float(self.count[r])
+
+    def update(self, x: np.ndarray) -> None:
+        """Every row's :meth:`RunningMeanStd.update` with its batch ``x[r]`` (``x [R, n,
+        *shape]``)."""
+        n, c = x.shape[1], self._col
+        count = self.count[c]
+        if n == 1:  # RunningMeanStd._update_one's expressions
+            delta = x[:, 0] - self.mean
+            total = count + 1
+            self.mean = self.mean + delta / total
+            self.var = (self.var * count + delta**2 * count / total) / total
+        else:
+            batch_mean, batch_var = x.mean(1), x.var(1)
+            delta = batch_mean - self.mean
+            total = count + n
+            self.mean = self.mean + delta * n / total
+            m2 = self.var * count + batch_var * n + delta**2 * count * n / total
+            self.var = m2 / total
+        self.count = total.reshape(-1)

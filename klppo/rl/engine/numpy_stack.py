@@ -1,0 +1,174 @@
+"""The numpy stack: R policies' networks as float32 ``W [R, P]``, and their one minibatch step.
+
+Row r is policy r's flat weight buffer (:func:`klppo.nn.numpy.weights.flat_weights` on that
+row): its torch parameters view it, so its checkpoint, its rollout runner and the stacked forward
+read the same numbers. A policy joins through :meth:`NumpyStack.maker` when its
+:class:`~klppo.rl.unit.PolicyUnit` is built; its learner then holds a :class:`NumpySlot`.
+
+:meth:`NumpyStack.step` is THE numpy minibatch step (a plain run is a stack of one): one stacked
+forward of the actors and critics (:func:`klppo.nn.numpy.mlp.forward` over ``[A, n,
+obs_dim]``); per policy, its own head (:mod:`klppo.nn.numpy.heads`) and its own loss through the
+core's closed form (:func:`klppo.nn.numpy.closed_form.loss_grads`: its objective, band, KL
+estimator, beta); one stacked backward; one :class:`~klppo.nn.numpy.adam.NumpyAdam` step (each
+row's clip norm, learning rate and moments). Every operation works on one policy's arrays, or is
+a stacked product that makes the same BLAS call per row, or is elementwise, so a policy's numbers
+do not depend on the rows beside it (``tests/rl/test_engine.py`` compares whole runs grouped and
+alone). ``tests/nn/numpy/test_step.py`` holds the step to torch autograd for every objective.
+``rows`` are the rows that step (all of them, or those still updating when some stopped early):
+a subset is gathered into copies and written back after Adam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from klppo.core.loss import PPOLoss
+from klppo.nn.actor_critic import ActorCritic
+from klppo.nn.numpy import FastPathUnsupported, fast_path_refusal, flat_weights, mlp
+from klppo.nn.numpy.adam import NumpyAdam
+from klppo.nn.numpy.closed_form import loss_grads
+from klppo.nn.numpy.heads import Categorical, Gaussian
+from klppo.nn.step import StepResult
+from klppo.rl.config import PPOConfig
+from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot
+
+__all__ = ["NumpyStack", "NumpySlot"]
+
+Layer = tuple[np.ndarray, np.ndarray]
+Head = Categorical | Gaussian
+
+
+class NumpySlot(RowSlot):
+    """Policy r's backend in a numpy stack (see :class:`RowSlot`); ``weights`` is its row, the
+    buffer its rollout runner acts with."""
+
+    fast = True
+    device = torch.device("cpu")
+
+    def __init__(self, stack: NumpyStack, row: int, agent: ActorCritic, loss: PPOLoss,
+                 weights: Any) -> None:
+        self.stack, self.row, self.agent, self.loss = stack, row, agent, loss
+        self.weights = weights
+
+
+class NumpyStack:
+    """R networks of one shape stacked row by row (see the module docstring)."""
+
+    fast = True
+    device = torch.device("cpu")
+    #: the weights, their gradient, Adam and the rows' layout: made when the first row joins
+    W: np.ndarray
+    G: np.ndarray
+    adam: NumpyAdam
+    layout: Layout
+
+    def __init__(self, runs: int) -> None:
+        self.R = runs
+        self.slots: list[NumpySlot | None] = [None] * runs
+        self._full: tuple[list[Layer], ...] | None = None
+        self._heads: list[Head | None] = [None] * runs
+
+    def maker(self, row: int, ppo: PPOConfig) -> Callable[[ActorCritic, PPOLoss], NumpySlot]:
+        """The ``make_step`` of the policy in row ``row`` (:class:`klppo.rl.unit.PolicyUnit`)."""
+        return lambda agent, loss: self._join(row, agent, loss, ppo)
+
+    def _join(self, row: int, agent: ActorCritic, loss: PPOLoss, ppo: PPOConfig) -> NumpySlot:
+        why = fast_path_refusal(agent, loss)
+        if why is not None:
+            raise FastPathUnsupported(f"the numpy fast path cannot run this: {why}")
+        total = sum(p.numel() for p in agent.parameters())
+        first = not hasattr(self, "W")
+        if first:
+            self.W = np.zeros((self.R, total), np.float32)
+            self.G = np.zeros_like(self.W)
+            self.adam = NumpyAdam(self.W, np.full(self.R, ppo.lr), np.full(self.R, ppo.adam_eps),
+                                  np.full(self.R, ppo.max_grad_norm))
+        weights = flat_weights(agent, self.W[row])
+        layout = Layout(agent, weights.span)
+        if first:
+            self.layout = layout
+        elif not layout.same(self.layout):
+            raise ValueError(f"a stack holds networks of one shape: {layout.shapes} against "
+                             f"{self.layout.shapes}")
+        a = self.adam
+        a.lr[row], a.eps[row], a.max_norm[row] = ppo.lr, ppo.adam_eps, ppo.max_grad_norm
+        slot = self.slots[row] = NumpySlot(self, row, agent, loss, weights)
+        return slot
+
+    # ------------------------------------------------------------------ views
+    def _all(self) -> tuple[list[Layer], ...]:
+        """Stacked layers of every row: actor, critic, and their gradients' (views, cached)."""
+        if self._full is None:
+            self._full = (*self.layout.layers(self.W), *self.layout.layers(self.G))
+        return self._full
+
+    def _head(self, weights: np.ndarray, grad: np.ndarray | None) -> Head:
+        if self.layout.log_std is None:
+            return Categorical()
+        s, e = self.layout.log_std
+        return Gaussian(weights[s:e], None if grad is None else grad[s:e])
+
+    def head(self, row: int) -> Head:
+        """Row ``row``'s action head on the stack's own weights and gradient (cached)."""
+        h = self._heads[row]
+        if h is None:
+            h = self._heads[row] = self._head(self.W[row], self.G[row])
+        return h
+
+    def _buffers(self, rows: np.ndarray) -> tuple[Any, ...]:
+        """Weights, gradient, layers and heads of ``rows``: the stack's own when every row
+        steps, else gathered copies (written back by the caller)."""
+        if len(rows) == self.R:
+            return (self.W, self.G, *self._all(), [self.head(r) for r in rows])
+        W = self.W[rows]
+        G = np.zeros_like(W)
+        heads = [self._head(W[a], G[a]) for a in range(len(rows))]
+        return (W, G, *self.layout.layers(W), *self.layout.layers(G), heads)
+
+    # ------------------------------------------------------------------ the step
+    def step(self, rows: np.ndarray, mb: Minibatch, losses: list[PPOLoss], betas: list[float],
+             ws: mlp.Workspace) -> list[StepResult]:
+        """One minibatch step of each policy in ``rows`` (its loss ``losses[a]``, its
+        ``betas[a]``); per policy its detached per-sample outputs (numpy) and loss terms."""
+        W, G, actor, critic, g_actor, g_critic, heads = self._buffers(rows)
+        a_acts = mlp.forward(actor, mb.obs, ws, "actor")
+        c_acts = mlp.forward(critic, mb.obs, ws, "critic")
+        out, values = a_acts[-1], c_acts[-1][..., 0].copy()  # buffers are reused: copy what leaves
+        g_out = np.empty(out.shape, np.float32)
+        g_val = np.empty(values.shape + (1,), np.float32)
+        per_row: list[tuple[Any, ...]] = []
+        for a in range(len(rows)):
+            logp, entropy, kl, backward = heads[a].step(out[a], mb.actions[a], mb.params[a])
+            terms, g_logp, gv, g_ent, g_kl, samples = loss_grads(
+                losses[a], logp.astype(np.float32, copy=False), mb.logp[a], mb.adv[a], values[a],
+                mb.returns[a], mb.values[a], entropy, kl.astype(np.float32, copy=False), betas[a])
+            g_out[a] = backward(g_logp, g_ent, g_kl)
+            g_val[a, :, 0] = gv
+            per_row.append((logp, entropy, kl, terms, samples))
+        mlp.backward(actor, g_actor, a_acts, g_out, ws)
+        mlp.backward(critic, g_critic, c_acts, g_val, ws)
+        whole = len(rows) == self.R
+        norms = self.adam.step(G, None if whole else rows, None if whole else W)
+        return [StepResult(mb.idx[a], logp, values[a], entropy, kl, mb.adv[a], norms[a],
+                           {k: terms[k] for k in TERMS if k in terms}, samples)
+                for a, (logp, entropy, kl, terms, samples) in enumerate(per_row)]
+
+    def policy_kl(self, rows: np.ndarray, obs: np.ndarray, old_params: np.ndarray,
+                  ws: mlp.Workspace) -> list[float]:
+        """Per row of ``rows``, the mean analytic KL(rollout policy || current policy) over its
+        rollout (nats per sample): ``obs [A, B, obs_dim]`` and ``old_params [A, B,
+        param_dim]`` are the rows' rollouts."""
+        _, _, actor, _, _, _, heads = self._buffers(rows)
+        out = mlp.forward(actor, obs, ws, "actor")[-1]
+        return [heads[a].kl_mean(out[a], old_params[a]) for a in range(len(rows))]
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The actors' outputs ``[R, N, k or d]`` and values ``[R, N]`` of every row for
+        ``obs [R, N, obs_dim]``, as each row's rollout runner computes them
+        (:meth:`klppo.nn.numpy.NumpyRunner.act`, before sampling)."""
+        actor, critic = self._all()[:2]
+        return mlp.forward(actor, obs)[-1], mlp.forward(critic, obs)[-1][..., 0]

@@ -1,0 +1,156 @@
+"""A policy as a row of a stack: where its parameters lie in the row, and its per-row backend.
+
+Every network the engine trains is one row of a stack of networks of one shape (``W [R, P]``:
+:mod:`~klppo.rl.engine.numpy_stack` or :mod:`~klppo.rl.engine.torch_stack`). The row's torch
+parameters are views of it, so the checkpoint, the rollout runner and the stacked step read the
+same numbers. :class:`Layout` says where each layer lies in a row; :class:`RowSlot` is what one
+policy's learner holds of its stack: its learning rate and Adam state (its row of the stack's
+Adam), and the probes an early stop, an actuator or a band controller takes on its own network
+before a step (:meth:`RowSlot.k3`, :meth:`RowSlot.analytic_kl`, :meth:`RowSlot.ratio`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from klppo.core.kl import k3
+from klppo.nn.actor_critic import ActorCritic
+from klppo.nn.distributions import CategoricalHead
+from klppo.rl.optim import flat_adam_state
+
+__all__ = ["Layout", "RowSlot", "NetShape", "Minibatch", "TERMS"]
+
+#: the loss terms a step reports (those the loss has)
+TERMS = ("loss", "loss_objective", "loss_critic", "loss_entropy", "kl_penalty")
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class NetShape:
+    """What makes two policies' networks stackable: the same parameter shapes, step library
+    and device (:func:`klppo.rl.engine.groups.net_shape` computes it from a config and the
+    spaces an env made)."""
+
+    obs_dim: int
+    head: tuple[str, int]
+    hidden: tuple[int, ...]
+    shared_trunk: bool
+    separate_losses: bool
+    library: str
+    device: str
+
+
+class Layout:
+    """Where the trunk's, actor's and critic's layers and the log-std lie in a row of ``P``
+    floats, to view them in any ``[A, P]`` buffer as stacked layers ``(W [A, out, in],
+    b [A, out])``. A network is ``trunk -> (actor, critic)`` with a shared trunk (the trunk's
+    layers all end in tanh), else separate ``actor`` and ``critic`` MLPs (``trunk`` empty)."""
+
+    def __init__(self, agent: ActorCritic, spans: Callable[[Any], Span]) -> None:
+        def layers(mods: list[Any]) -> list[tuple[tuple[Span, tuple[int, ...]], ...]]:
+            return [((spans(m.weight), tuple(m.weight.shape)), (spans(m.bias), tuple(m.bias.shape)))
+                    for m in mods]
+
+        def linears(seq: Any) -> list[Any]:
+            return [m for m in (seq if isinstance(seq, torch.nn.Sequential) else [seq])
+                    if isinstance(m, torch.nn.Linear)]
+
+        self.trunk = layers(linears(agent.trunk)) if agent.trunk is not None else []
+        self.actor, self.critic = layers(linears(agent.actor)), layers(linears(agent.critic))
+        self.detach_trunk = bool(agent.trunk is not None and agent.separate_losses)
+        self.categorical = isinstance(agent.head, CategoricalHead)
+        self.log_std = None if self.categorical else spans(agent.log_std)
+        self.shapes = [tuple(p.shape) for p in agent.parameters()]
+
+    def same(self, other: Layout) -> bool:
+        return vars(self) == vars(other)
+
+    @staticmethod
+    def _view(buf: Any, span: Span, shape: tuple[int, ...]) -> Any:
+        return buf[:, span[0]:span[1]].reshape(buf.shape[0], *shape)
+
+    def stacked(self, buf: Any, which: str) -> list[tuple[Any, Any]]:
+        """The stacked layers of ``which`` (trunk, actor, critic): views of ``buf [A, P]``
+        (a numpy array or a torch tensor)."""
+        return [(self._view(buf, *w), self._view(buf, *b)) for w, b in getattr(self, which)]
+
+    def layers(self, buf: Any) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """The actor's and the critic's stacked layers, views of ``buf [A, P]``."""
+        return self.stacked(buf, "actor"), self.stacked(buf, "critic")
+
+
+class RowSlot:
+    """One policy's side of its stack (see the module docstring). The stack steps all its rows
+    at once, so this backend has no ``step`` of its own; ``begin`` keeps the rollout the
+    probes read."""
+
+    fast: bool = False
+    stack: Any
+    row: int
+    agent: ActorCritic
+    batch: Any
+    adv: Any
+    device: torch.device
+
+    def begin(self, batch: Any, adv: torch.Tensor) -> None:
+        """Keep the rollout (on the stack's device) for this update's probes."""
+        self.batch, self.adv = batch.to(self.device), adv
+
+    def set_lr(self, lr: float) -> None:
+        self.stack.adam.set_lr(self.row, lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The row's Adam state (``lr``, flat ``m`` and ``v``, step ``t``): one format for both
+        array libraries, so a checkpoint does not depend on the stack that wrote it."""
+        return self.stack.adam.row_state(self.row)
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.stack.adam.load_row(self.row, flat_adam_state(s))
+
+    def _params(self, idx: torch.Tensor) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        b, idx = self.batch, idx.to(self.device)
+        return self.agent.policy_params(b.obs[idx]), b, idx
+
+    @torch.no_grad()
+    def k3(self, idx: torch.Tensor) -> float:
+        """Sampled k3 KL(old || current) on a minibatch (nats per sample), before stepping on it:
+        the mean of :func:`klppo.core.kl.k3` at ``log r = logp_current - logp_old``."""
+        params, b, idx = self._params(idx)
+        return float(k3(self.agent.head.log_prob(params, b.actions[idx]) - b.logp[idx]).mean())
+
+    @torch.no_grad()
+    def analytic_kl(self, idx: torch.Tensor) -> float:
+        """Mean analytic KL(old || current) over the minibatch rows ``idx`` (per state, summed
+        over action dimensions; nats per sample), before stepping on them: what an lr or clip
+        actuator with before-step timing (rsl_rl's) is fed."""
+        params, b, idx = self._params(idx)
+        return float(self.agent.head.kl(b.params[idx], params).mean())
+
+    @torch.no_grad()
+    def ratio(self, idx: torch.Tensor) -> torch.Tensor:
+        """Per-sample ratio ``w = pi_current(a|s) / pi_old(a|s)`` on the minibatch rows ``idx``,
+        before stepping on them (``[n]``, on the CPU): what a clip-bound controller (BAPO)
+        reads."""
+        params, b, idx = self._params(idx)
+        return torch.exp(self.agent.head.log_prob(params, b.actions[idx]) - b.logp[idx]).cpu()
+
+
+@dataclass
+class Minibatch:
+    """The rows ``idx [A, n]`` of each stepping policy's rollout, gathered: ``obs [A, n,
+    obs_dim]``, ``actions [A, n, ...]``, ``params [A, n, param_dim]`` (the rollout policy's),
+    and ``logp``, ``adv`` (the advantages the step uses), ``returns``, ``values`` ``[A, n]``."""
+
+    idx: Any
+    obs: Any
+    actions: Any
+    params: Any
+    logp: Any
+    adv: Any
+    returns: Any
+    values: Any

@@ -1,0 +1,187 @@
+"""The torch stack: R policies' networks as one float32 tensor ``W [R, P]`` on a device (the CPU
+or a GPU), and their one minibatch step with autograd.
+
+A policy trains here when the numpy fast path cannot serve it (``fast_path: false``, a shared
+trunk, an objective without a closed-form derivative or a per-sample band) or when it trains on a
+GPU. Row r holds policy r's parameters in ``agent.parameters()`` order and the agent's parameters
+are views of it, so its checkpoint, its rollout runner (:class:`klppo.nn.runners.TorchRunner`)
+and the stacked forward read the same numbers. Each row's optimiser state is its row of a
+:class:`klppo.rl.optim.TorchAdam`.
+
+:meth:`TorchStack.step` is THE torch minibatch step (a plain run is a stack of one): one stacked
+forward of every network (``baddbmm`` over ``[A, n, in]``, tanh between layers; a shared trunk
+feeds the actor and critic layers); per policy, its own head (log-probability, entropy, analytic
+KL) and its own :class:`~klppo.core.loss.PPOLoss` (its objective, band, estimator, beta); one
+backward of the policies' summed losses (they share no parameter, so each row's gradient is its
+own loss's); one :class:`TorchAdam` step. A row that steps alone is padded with a copy that has
+no loss: torch's ``bmm`` backward rounds a batch of one otherwise than a batch of two or more, and
+a policy's numbers must not depend on how many rows step beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from klppo.core.loss import PER_SAMPLE, PPOLoss
+from klppo.nn.actor_critic import ActorCritic
+from klppo.nn.step import StepResult
+from klppo.rl.config import PPOConfig
+from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot
+from klppo.rl.optim import TorchAdam
+from klppo.runs.device import resolve_device
+
+__all__ = ["TorchStack", "TorchSlot"]
+
+
+class TorchSlot(RowSlot):
+    """Policy r's backend in a torch stack (see :class:`RowSlot`), its rollout on the stack's
+    device."""
+
+    fast = False
+
+    def __init__(self, stack: TorchStack, row: int, agent: ActorCritic, loss: PPOLoss) -> None:
+        self.stack, self.row, self.agent, self.loss = stack, row, agent, loss
+        self.head, self.device = agent.head, stack.device
+
+
+def _mlp(layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor,
+         tanh_last: bool) -> torch.Tensor:
+    """Stacked layers ``(W [A, out, in], b [A, out])`` over ``x [A, n, in]``, tanh between them
+    (and after the last with ``tanh_last``: a shared trunk's features)."""
+    last = len(layers) - 1
+    for i, (w, b) in enumerate(layers):
+        x = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+        if i < last or tanh_last:
+            x = torch.tanh(x)
+    return x
+
+
+def _dev(x: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu()
+
+
+class TorchStack:
+    """R networks of one shape stacked row by row on one device (see the module docstring)."""
+
+    fast = False
+    #: the weights, Adam and the rows' layout: made when the first row joins
+    W: torch.Tensor
+    adam: TorchAdam
+    layout: Layout
+
+    def __init__(self, runs: int, device: str) -> None:
+        self.R, self.device = runs, resolve_device(device)
+        self.slots: list[TorchSlot | None] = [None] * runs
+
+    def maker(self, row: int, ppo: PPOConfig) -> Callable[[ActorCritic, PPOLoss], TorchSlot]:
+        """The ``make_step`` of the policy in row ``row`` (:class:`klppo.rl.unit.PolicyUnit`)."""
+        return lambda agent, loss: self._join(row, agent, loss, ppo)
+
+    def _join(self, row: int, agent: ActorCritic, loss: PPOLoss, ppo: PPOConfig) -> TorchSlot:
+        params = list(agent.parameters())
+        total = sum(p.numel() for p in params)
+        first = not hasattr(self, "W")
+        if first:
+            self.W = torch.zeros(self.R, total, dtype=torch.float32, device=self.device)
+            self.adam = TorchAdam(self.W)
+        spans, at = {}, 0
+        for p in params:  # the parameters become views of row `row`
+            n = p.numel()
+            self.W[row, at:at + n] = p.detach().reshape(-1).to(self.device)
+            p.data = self.W[row, at:at + n].view(p.shape)
+            spans[id(p)] = (at, at + n)
+            at += n
+        layout = Layout(agent, lambda p: spans[id(p)])
+        if first:
+            self.layout = layout
+        elif not layout.same(self.layout):
+            raise ValueError(f"a stack holds networks of one shape: {layout.shapes} against "
+                             f"{self.layout.shapes}")
+        a = self.adam
+        a.lr[row], a.eps[row], a.max_norm[row] = ppo.lr, ppo.adam_eps, ppo.max_grad_norm
+        slot = self.slots[row] = TorchSlot(self, row, agent, loss)
+        return slot
+
+    # ------------------------------------------------------------------ forward
+    def nets(self, W: torch.Tensor, obs: torch.Tensor, critic: bool = True
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Distribution parameters ``[A, n, param_dim]`` (the actor's output, and the log-std of
+        each row for a Gaussian head) and values ``[A, n]`` of the rows of ``W`` for ``obs``."""
+        lay = self.layout
+        actor_in = critic_in = obs
+        if lay.trunk:
+            actor_in = _mlp(lay.stacked(W, "trunk"), obs, tanh_last=True)
+            critic_in = actor_in.detach() if lay.detach_trunk else actor_in
+        out = _mlp(lay.stacked(W, "actor"), actor_in, tanh_last=False)
+        if lay.log_std is not None:
+            s, e = lay.log_std
+            out = torch.cat([out, W[:, None, s:e].expand(-1, out.shape[1], -1)], -1)
+        values = (_mlp(lay.stacked(W, "critic"), critic_in, tanh_last=False)[..., 0]
+                  if critic else None)
+        return out, values
+
+    # ------------------------------------------------------------------ the step
+    def step(self, rows: np.ndarray, mb: Minibatch, losses: list[PPOLoss], betas: list[float],
+             ws: Any = None) -> list[StepResult]:
+        """One minibatch step of each policy in ``rows``; per policy its detached per-sample
+        outputs and loss terms, on the CPU. ``ws`` is unused (the numpy stack's workspace)."""
+        dev, slots = self.device, [self.slots[r] for r in rows]
+        r_idx = torch.as_tensor(rows, device=dev)
+        f = {k: _dev(getattr(mb, k), dev) for k in ("obs", "actions", "params", "logp", "adv",
+                                                    "returns", "values")}
+        lone = len(rows) == 1  # padded with a copy that has no loss (see the module docstring)
+        W = self.W[r_idx.repeat(2) if lone else r_idx].requires_grad_(True)  # the leaf: a copy
+        params, values = self.nets(W, f["obs"].repeat(2, 1, 1) if lone else f["obs"])
+        assert values is not None  # (the critic was computed)
+        total, outs = W.new_zeros(()), []
+        for a, (slot, loss) in enumerate(zip(slots, losses)):
+            head, needs_kl = slot.head, loss.needs_analytic_kl
+            logp = head.log_prob(params[a], f["actions"][a])
+            with torch.set_grad_enabled(loss.ent_coef > 0):
+                entropy = head.entropy(params[a])
+            with torch.set_grad_enabled(needs_kl):
+                kl = head.kl(f["params"][a], params[a])
+            out = loss(logp, f["logp"][a], f["adv"][a], values[a], f["returns"][a],
+                       f["values"][a], entropy, kl if needs_kl else None, betas[a],
+                       diagnostics=False, per_sample=True)
+            total = total + out["loss"]
+            outs.append((logp, values[a], entropy, kl, out))
+        (G,) = torch.autograd.grad(total, W)
+        norms = self.adam.step(self.W, G[:len(rows)], r_idx)
+        return [self._result(mb.idx[a], f["adv"][a], norms[a], *o) for a, o in enumerate(outs)]
+
+    @staticmethod
+    def _result(idx: np.ndarray, adv: torch.Tensor, norm: torch.Tensor, logp: torch.Tensor,
+                values: torch.Tensor, entropy: torch.Tensor, kl: torch.Tensor,
+                out: dict[str, Any]) -> StepResult:
+        terms = {k: _cpu(out[k]) for k in TERMS if k in out}
+        samples = {k: _cpu(out[f"per_sample/{k}"]) for k in PER_SAMPLE
+                   if f"per_sample/{k}" in out}
+        return StepResult(torch.from_numpy(idx), _cpu(logp), _cpu(values), _cpu(entropy),
+                          _cpu(kl), _cpu(adv), _cpu(norm), terms, samples)
+
+    @torch.no_grad()
+    def policy_kl(self, rows: np.ndarray, obs: np.ndarray, old_params: np.ndarray,
+                  ws: Any = None) -> list[float]:
+        """Per row of ``rows``, the mean analytic KL(rollout policy || current policy) over its
+        rollout (nats per sample)."""
+        dev = self.device
+        W = self.W[torch.as_tensor(rows, device=dev)]
+        params, _ = self.nets(W, _dev(obs, dev), critic=False)
+        old = _dev(old_params, dev)
+        return [float(self.slots[r].head.kl(old[a], params[a]).mean()) for a, r in enumerate(rows)]
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The distribution parameters ``[R, N, param_dim]`` and values ``[R, N]`` of every row
+        for ``obs [R, N, obs_dim]``, on the stack's device, as each row's :class:`TorchRunner`
+        computes them before sampling (:meth:`TorchRunner.sample` draws from them)."""
+        return self.nets(self.W, _dev(obs, self.device))
