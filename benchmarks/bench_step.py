@@ -5,7 +5,8 @@ Usage:
     python benchmarks/bench_step.py /tmp/old . [--n 2048]
 
 Each argument is a source root holding a ``klppo`` package; both are imported side by side (the
-numpy step is ``klppo.nn.numpy.NumpyStep``, or ``klppo.nn.fastpath.FastStep`` before #20) and
+numpy step is a one-row ``klppo.rl.engine.numpy_stack.NumpyStack``, ``klppo.nn.numpy.NumpyStep``
+before #29, or ``klppo.nn.fastpath.FastStep`` before #20) and
 step identical copies of a 2x64 tanh actor-critic
 (CartPole sizes, clip objective, value clip 0.2) on the same minibatch, in alternating blocks, so
 the machine's drift hits both alike. Prints each version's median and best time per step, the
@@ -35,15 +36,37 @@ def load(root: str):
         torch.manual_seed(0)
         agent = nn.ActorCritic(4, nn.CategoricalHead(2))
         try:
+            return _stack_of_one(agent, loss)
+        except ModuleNotFoundError:
+            pass
+        try:
             step = importlib.import_module("klppo.nn.numpy").NumpyStep(agent, loss, 3e-4, 1e-5,
                                                                        0.5)
             return (lambda b: step.step_arrays(*b, 0.0)), step.weights.flat
-        except ModuleNotFoundError:
+        except (ModuleNotFoundError, AttributeError):
             fp = importlib.import_module("klppo.nn.fastpath")
             old = fp.FastStep(agent, loss, 3e-4, 1e-5, 0.5, *fp.flatten_parameters(agent))
             return (lambda b: old.step(*b, 0.0, False, False)), old.flat
     finally:
         sys.path.remove(root)
+
+
+def _stack_of_one(agent, loss):
+    """The engine's numpy stack with one row (since #29): its step on a minibatch."""
+    ns = importlib.import_module("klppo.rl.engine.numpy_stack")
+    rows = importlib.import_module("klppo.rl.engine.rows")
+    mlp = importlib.import_module("klppo.nn.numpy.mlp")
+    ppo = importlib.import_module("klppo.rl.config").PPOConfig(lr=3e-4, adam_eps=1e-5,
+                                                               max_grad_norm=0.5)
+    stack = ns.NumpyStack(1)
+    stack.maker(0, ppo)(agent, loss)
+    ws, row = mlp.Workspace(), np.array([0])
+
+    def step(b):
+        n = len(b[0])
+        mb = rows.Minibatch(np.arange(n)[None], *(np.asarray(x)[None] for x in b))
+        return stack.step(row, mb, [loss], [0.0], ws)
+    return step, stack.W[0]
 
 
 def main() -> None:

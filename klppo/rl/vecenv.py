@@ -131,24 +131,32 @@ class SameStepVecEnv:
 
     def step(self, actions: np.ndarray):
         n = self.num_envs
+        obs = np.empty_like(self._obs)
         rewards = np.zeros(n, np.float64)
         term = np.zeros(n, np.bool_)
         trunc = np.zeros(n, np.bool_)
+        info = self.step_into(actions, obs, rewards, term, trunc)
+        return obs, rewards, term, trunc, info
+
+    def step_into(self, actions: np.ndarray, obs: np.ndarray, rewards: np.ndarray,
+                  term: np.ndarray, trunc: np.ndarray) -> dict[str, Any]:
+        """:meth:`step` writing the observations, rewards and ends into the arrays given (the
+        engine's stacked arrays: no allocation per step); returns the info."""
         final_obs = None
-        for i in range(n):
+        for i in range(self.num_envs):
             a = actions[i]
             self._actions[i].append(a.copy() if isinstance(a, np.ndarray) else a)
             o, rewards[i], term[i], trunc[i] = self._step_one(i, a)
             if term[i] or trunc[i]:
                 if final_obs is None:
-                    final_obs = np.empty(n, dtype=object)
+                    final_obs = np.empty(self.num_envs, dtype=object)
                 final_obs[i] = o
                 o = self._reset_one(i, None)
             self._obs[i] = o
-        info: dict[str, Any] = {}
-        if final_obs is not None:
-            info = {"final_obs": final_obs, "_final_obs": term | trunc}
-        return self._obs.copy(), rewards, term, trunc, info
+        obs[...] = self._obs
+        if final_obs is None:
+            return {}
+        return {"final_obs": final_obs, "_final_obs": term | trunc}
 
     def close(self) -> None:
         for env in self.envs:

@@ -69,35 +69,43 @@ class NumpyAdam:
         """Row ``r``'s learning rate."""
         self.lr[r] = float(lr)
 
+    def _clip(self, g: np.ndarray, r: int) -> float:
+        """Clip row ``r``'s gradient ``g`` in place (clip_grad_norm_'s rule; a factor of 1
+        would change no bit, so none is applied); its pre-clip norm."""
+        norm = float(np.sqrt(np.dot(g, g)))
+        coef = self.max_norm[r] / (norm + 1e-6)
+        if coef < 1.0:
+            g *= np.float32(coef)
+        return norm
+
     def step(self, grad: np.ndarray, rows: np.ndarray | None = None,
              params: np.ndarray | None = None) -> list[float]:
         """Clip each row of ``grad`` and apply Adam to ``params`` (default: every row of
         ``self.params``; with ``rows``, the gathered ``params[rows]`` copy, written back here);
         return each row's pre-clip norm."""
-        rows = np.arange(len(self.t)) if rows is None else np.asarray(rows)
-        whole = len(rows) == len(self.t)
+        whole = rows is None or len(rows) == len(self.t)
+        idx = range(len(self.t)) if rows is None else [int(r) for r in rows]
         p = self.params if params is None else params
-        m, v = (self.m, self.v) if whole else (self.m[rows], self.v[rows])
-        norms, factors = [], np.ones((len(rows), 1), np.float32)
-        for a, r in enumerate(rows):
-            g = grad[a]
-            norm = float(np.sqrt(np.dot(g, g)))
-            coef = self.max_norm[r] / (norm + 1e-6)
-            if coef < 1.0:
-                factors[a] = np.float32(coef)
-            norms.append(norm)
-        grad *= factors
-        self.t[rows] += 1
-        cols = [_factors(float(self.lr[r]), int(self.t[r]), float(self.eps[r])) for r in rows]
-        step, bias2, eps = (np.array(c, np.float32)[:, None] for c in zip(*cols))
+        m, v = (self.m, self.v) if whole else (self.m[idx], self.v[idx])
+        norms = [self._clip(grad[a], r) for a, r in enumerate(idx)]
+        factors: tuple[Any, ...]
+        if len(idx) == 1:  # one row: float32 scalars (the columns' numbers, less overhead)
+            r = idx[0]
+            self.t[r] += 1
+            factors = _factors(float(self.lr[r]), int(self.t[r]), float(self.eps[r]))
+        else:
+            self.t[list(idx)] += 1
+            t, lr, eps = self.t.tolist(), self.lr.tolist(), self.eps.tolist()
+            cols = [_factors(lr[r], t[r], eps[r]) for r in idx]
+            factors = tuple(np.array(c, np.float32)[:, None] for c in zip(*cols))
         work = self._work.get(p.shape)
         if work is None:
             work = self._work[p.shape] = (np.empty_like(p), np.empty_like(p))
-        adam_update(p, grad, m, v, *work, step, bias2, eps)
+        adam_update(p, grad, m, v, *work, *factors)
         if not whole:
-            self.m[rows], self.v[rows] = m, v
+            self.m[idx], self.v[idx] = m, v
             if params is not None:
-                self.params[rows] = p
+                self.params[idx] = p
         return norms
 
     def row_state(self, r: int) -> dict[str, Any]:

@@ -45,7 +45,10 @@ def forward(layers: list[Layer], x: np.ndarray, ws: Workspace | None = None,
             tag: str = "") -> list[np.ndarray]:
     """Activations ``[x, h_1, ..., h_L]`` (``h_L [n, out]`` is the output). With a workspace
     the activations live in its buffers (keyed by ``tag``) and are overwritten by the next call
-    with the same tag: copy what must outlive it."""
+    with the same tag: copy what must outlive it. A stack of one network is computed as the
+    network alone (the same BLAS call, without the stacked loop's overhead)."""
+    if x.ndim == 3 and x.shape[0] == 1:
+        return [a[None] for a in forward(_first(layers), x[0], ws, tag)]
     acts, last = [x], len(layers) - 1
     for k, (w, b) in enumerate(layers):
         if ws is None:
@@ -63,15 +66,24 @@ def forward(layers: list[Layer], x: np.ndarray, ws: Workspace | None = None,
 _OUTER = {2: "i,j->ij", 3: "ri,rj->rij"}
 
 
+def _first(layers: list[Layer]) -> list[Layer]:
+    """The first network of stacked layers."""
+    return [(w[0], b[0]) for w, b in layers]
+
+
 def _t(a: np.ndarray) -> np.ndarray:
     """The transpose of a matrix, or of each matrix of a stack (a view)."""
-    return a.T if a.ndim == 2 else np.swapaxes(a, -1, -2)
+    return a.T if a.ndim == 2 else a.swapaxes(-1, -2)  # the method: no dispatch overhead
 
 
 def backward(layers: list[Layer], grads: list[Layer], acts: list[np.ndarray], g: np.ndarray,
              ws: Workspace) -> None:
     """Write d loss / d (W_k, b_k) into ``grads`` (views of the flat gradient), from
-    ``g = d loss / d output [n, out]`` and the forward's ``acts``."""
+    ``g = d loss / d output [n, out]`` and the forward's ``acts`` (a stack of one as the
+    network alone, as :func:`forward`)."""
+    if g.ndim == 3 and g.shape[0] == 1:
+        backward(_first(layers), _first(grads), [a[0] for a in acts], g[0], ws)
+        return
     for k in range(len(layers) - 1, -1, -1):
         w = layers[k][0]
         gw, gb = grads[k]

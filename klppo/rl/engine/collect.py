@@ -26,6 +26,7 @@ from klppo.nn.numpy.heads import HALF_LOG_2PI, log_softmax
 from klppo.rl.engine.norm import StackedStats, clip
 from klppo.rl.envpool_backend import EnvPoolGroup, EnvPoolSlice
 from klppo.rl.rollout import Collector, EpisodeStats, NonFiniteEnvError
+from klppo.rl.vecenv import SameStepVecEnv
 
 __all__ = ["collect_rows", "StackedRollout"]
 
@@ -86,16 +87,24 @@ class StackedRollout:
                     for k in ("obs_norm", "reward_scaler"))
         self.norm_obs = np.array([r in obs for r in range(R)])[:, None, None]
         self.norm_rew = np.array([r in rew for r in range(R)])[:, None]
+        self.all_obs, self.all_rew = bool(self.norm_obs.all()), bool(self.norm_rew.all())
+        self.any_obs, self.any_rew = bool(self.norm_obs.any()), bool(self.norm_rew.any())
         self.clip_obs = _rows(R, {r: n.clip for r, n in obs.items()}, np.inf)[:, None, None]
         self.clip_rew = _rows(R, {r: s.clip for r, s in rew.items()}, np.inf)[:, None]
         self.gamma = _rows(R, {r: s.gamma for r, s in rew.items()}, 0.0)[:, None]
         self.obs_stats, self.rew_stats = StackedStats(R, (d,)), StackedStats(R, ())
+        #: a stack of one normalises with its run's own objects (what the stacked statistics
+        #: compute for each row, without their broadcasting overhead)
+        self.one = first if R == 1 else None
         self.X = np.zeros((R, self.N, d), np.float32)
         self.raw = np.zeros((R, self.N, d), np.float64)
         self.rew = np.zeros((R, self.N), np.float64)
         self.term, self.trunc = (np.zeros((R, self.N), np.bool_) for _ in range(2))
         self.ep_return, self.ret = np.zeros((R, self.N)), np.zeros((R, self.N))
         self.ep_length = np.zeros((R, self.N), np.int64)
+        self.into = {r: isinstance(c.env, SameStepVecEnv) and
+                     len(c.env.single_observation_space.shape) == 1
+                     for r, c in collectors.items()}
         self.draw = np.zeros((R, self.N, *(first.np["actions"].shape[2:] or (1,))), np.float32)
 
     def serves(self, collectors: dict[int, Collector]) -> bool:
@@ -107,6 +116,7 @@ class StackedRollout:
                 ) -> dict[int, EpisodeStats | BaseException]:
         live = dict(collectors)
         self._gather(live)
+        self.pooled = _pooled(live)
         out: dict[int, EpisodeStats | BaseException] = {}
         for t in range(self.T):
             out_t, values = self.stack.act(self.X)
@@ -121,6 +131,8 @@ class StackedRollout:
             self.X[r], self.ep_return[r], self.ep_length[r] = c.next_obs, c.ep_return, c.ep_length
             if c.reward_scaler is not None:
                 self.ret[r] = c.reward_scaler.ret
+        if self.one is not None:
+            return
         self.obs_stats.gather({r: c.obs_norm.rms for r, c in live.items() if c.obs_norm})
         self.rew_stats.gather({r: c.reward_scaler.rms for r, c in live.items()
                                if c.reward_scaler})
@@ -177,8 +189,8 @@ class StackedRollout:
               iterations: dict[int, int], out: dict[int, Any]) -> None:
         """Step every run's env, then check, count, normalise and store for all rows."""
         infos: dict[int, Any] = {}
-        pooled = _pooled(live)
-        for pool, rows in pooled.items():  # one EnvPool call for the rows of one pool
+        for pool, rows in self.pooled.items():  # one EnvPool call for the rows of one pool
+            rows = {r: k for r, k in rows.items() if r in live}
             try:
                 res = pool.step({k: env_actions[r] for r, k in rows.items()})
             except Exception as e:  # noqa: BLE001 - the pool failed: its runs stop
@@ -193,6 +205,11 @@ class StackedRollout:
             if r in infos:
                 continue
             try:
+                if self.into[r]:  # klppo's own vector env writes into the stacked arrays
+                    assert isinstance(c.env, SameStepVecEnv)
+                    infos[r] = c.env.step_into(env_actions[r], self.raw[r], self.rew[r],
+                                               self.term[r], self.trunc[r])
+                    continue
                 obs, rew, term, trunc, info = c.env.step(env_actions[r])
                 self._store(r, obs, rew, term, trunc, info, infos)
             except Exception as e:  # noqa: BLE001 - this run's env failed: it alone stops
@@ -256,34 +273,41 @@ class StackedRollout:
     def _scaled_rewards(self, done: np.ndarray) -> np.ndarray:
         """:class:`~klppo.rl.envs.RewardScaler` of every row that has one (raw rewards for the
         others)."""
-        if not self.norm_rew.any():
+        if not self.any_rew:
             return self.rew
+        if self.one is not None:
+            assert self.one.reward_scaler is not None
+            return self.one.reward_scaler(self.rew[0], done[0])[None]
         self.ret = self.ret * self.gamma + self.rew
         self.rew_stats.update(self.ret)
         scaled = self.rew / np.sqrt(self.rew_stats.var + 1e-8)[:, None]
         self.ret[done] = 0.0
         scaled = clip(scaled, -self.clip_rew, self.clip_rew).astype(np.float32)
-        return np.where(self.norm_rew, scaled, self.rew)
+        return scaled if self.all_rew else np.where(self.norm_rew, scaled, self.rew)
 
     def _prep_obs(self) -> np.ndarray:
         """The observations the policy sees next: float32, normalised (with an update of the
         statistics) in the rows that normalise."""
         obs = self.raw.astype(np.float32)
-        if not self.norm_obs.any():
+        if not self.any_obs:
             return obs
+        if self.one is not None:
+            assert self.one.obs_norm is not None
+            return self.one.obs_norm(obs[0], True)[None]
         self.obs_stats.update(obs)
         s = self.obs_stats
         norm = (obs - s.mean[:, None]) / np.sqrt(s.var + 1e-8)[:, None]
         norm = clip(norm, -self.clip_obs, self.clip_obs).astype(np.float32)
-        return np.where(self.norm_obs, norm, obs)
+        return norm if self.all_obs else np.where(self.norm_obs, norm, obs)
 
     def _finish(self, live: dict[int, Collector], out: dict[int, Any]) -> None:
         """Scatter the state back, then bootstrap: V(s_{t+1}) inside the rollout, V(next obs)
         after it (one stacked critic forward), V(final observation) where an episode was
         truncated (each run's runner, on its normalised final observations)."""
-        self.obs_stats.scatter({r: c.obs_norm.rms for r, c in live.items() if c.obs_norm})
-        self.rew_stats.scatter({r: c.reward_scaler.rms for r, c in live.items()
-                                if c.reward_scaler})
+        if self.one is None:
+            self.obs_stats.scatter({r: c.obs_norm.rms for r, c in live.items() if c.obs_norm})
+            self.rew_stats.scatter({r: c.reward_scaler.rms for r, c in live.items()
+                                    if c.reward_scaler})
         _, v_last = self.stack.act(self.X)
         v_last = np.asarray(v_last.cpu() if hasattr(v_last, "cpu") else v_last)
         nv = self.B["next_values"]
@@ -292,7 +316,7 @@ class StackedRollout:
         for r, c in live.items():
             c.next_obs = self.X[r].copy()
             c.ep_return, c.ep_length = self.ep_return[r].copy(), self.ep_length[r].copy()
-            if c.reward_scaler is not None:
+            if c.reward_scaler is not None and self.one is None:
                 c.reward_scaler.ret = self.ret[r].copy()
             try:
                 c.bootstrap_truncated()

@@ -41,6 +41,7 @@ class RunUpdate:
     done: bool = False
     in_epoch: bool = False
     perm: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    idx: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     before: int = 0
 
     def __post_init__(self) -> None:
@@ -67,7 +68,7 @@ class RunUpdate:
     def skips(self, start: int, size: int) -> bool:
         """The minibatch early stop (it ends the policy's update); else the before-step updates
         of its actuator and band controller for the minibatch at ``start``."""
-        idx = self.perm[start:start + size]
+        self.idx = idx = self.perm[start:start + size]
         if self.sched.skip_minibatch(lambda: self.learner.backend.k3(idx)):
             self.in_epoch = False
             return True
@@ -107,10 +108,15 @@ class Rollouts:
     def minibatch(self, rows: np.ndarray, idx: np.ndarray) -> Minibatch:
         """Rows ``idx [A, n]`` of the stack rows ``rows`` (copies, gathered with one flat
         index)."""
-        B = self.arrays["obs"].shape[1]
-        flat = (rows[:, None] * B + idx).ravel()
-        g = {name: a.reshape(-1, *a.shape[2:]).take(flat, 0).reshape(*idx.shape, *a.shape[2:])
-             for name, a in self.arrays.items()}
+        if len(rows) == 1:  # one row: a gather of its own rollout
+            r, i = int(rows[0]), idx[0]
+            g = {name: a[r].take(i, 0)[None] for name, a in self.arrays.items()}
+        else:
+            B = self.arrays["obs"].shape[1]
+            flat = (rows[:, None] * B + idx).ravel()
+            g = {name: a.reshape(-1, *a.shape[2:]).take(flat, 0).reshape(*idx.shape,
+                                                                          *a.shape[2:])
+                 for name, a in self.arrays.items()}
         return Minibatch(idx, g["obs"], g["actions"], g["params"], g["logp"], g["adv"],
                          g["returns"], g["values"])
 
@@ -134,7 +140,7 @@ def update_rows(stack: Any, updates: list[RunUpdate], rollouts: Rollouts,
                 stepping = [u for u in active if u.in_epoch and not u.skips(start, size)]
                 if not stepping:
                     break
-                _step(stack, stepping, start, size, rollouts, ws)
+                _step(stack, stepping, rollouts, ws)
             for u in active:
                 u.end_epoch()
     out: list[UpdateResult | BaseException] = []
@@ -146,15 +152,28 @@ def update_rows(stack: Any, updates: list[RunUpdate], rollouts: Rollouts,
     return out
 
 
-def _step(stack: Any, stepping: list[RunUpdate], start: int, size: int, rollouts: Rollouts,
-          ws: mlp.Workspace) -> None:
-    rows = np.array([u.row for u in stepping])
-    idx = np.stack([u.perm[start:start + size].numpy() for u in stepping])
+def _step(stack: Any, stepping: list[RunUpdate], rollouts: Rollouts, ws: mlp.Workspace) -> None:
+    rows = _rows_of(stepping)  # (each one's minibatch rows: u.idx, set by its skips())
+    idx = (stepping[0].idx.numpy()[None] if len(stepping) == 1 else
+           np.stack([u.idx.numpy() for u in stepping]))
     results = stack.step(rows, rollouts.minibatch(rows, idx), [u.learner.loss for u in stepping],
                          [u.sched.beta() for u in stepping], ws)
     for u, r in zip(stepping, results):
         u.steps.append(r)
         u.sched.after_step(r, len(r.idx))
+
+
+_ROWS: dict[tuple[int, ...], np.ndarray] = {}
+
+
+def _rows_of(stepping: list[RunUpdate]) -> np.ndarray:
+    """The stack rows of ``stepping`` as an array (kept: the same sets step again and again)."""
+    key = tuple(u.row for u in stepping)
+    rows = _ROWS.get(key)
+    if rows is None:
+        rows = _ROWS[key] = np.array(key)
+        rows.flags.writeable = False
+    return rows
 
 
 def policy_kls(stack: Any, updates: list[RunUpdate], rollouts: Rollouts,

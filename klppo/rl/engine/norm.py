@@ -27,13 +27,13 @@ def clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
 
 class StackedStats:
     """R :class:`~klppo.rl.envs.RunningMeanStd` of one shape as ``mean``, ``var`` ``[R,
-    *shape]`` and ``count`` ``[R]`` (float64, as each run's)."""
+    *shape]`` and ``count`` (float64, as each run's; ``count`` as a column ``[R, 1, ...]`` that
+    broadcasts against a row's statistics)."""
 
     def __init__(self, R: int, shape: tuple[int, ...]) -> None:
         self.mean = np.zeros((R, *shape), np.float64)
         self.var = np.ones((R, *shape), np.float64)
-        self.count = np.full(R, 1e-4, np.float64)
-        self._col = (slice(None),) + (None,) * len(shape)  # count as a column of the rows
+        self.count = np.full((R,) + (1,) * len(shape), 1e-4, np.float64)
 
     def gather(self, stats: dict[int, RunningMeanStd]) -> None:
         """Rows ``r`` from ``stats[r]``."""
@@ -43,13 +43,15 @@ class StackedStats:
     def scatter(self, stats: dict[int, RunningMeanStd]) -> None:
         """``stats[r]`` from row ``r``."""
         for r, s in stats.items():
-            s.mean, s.var, s.count = self.mean[r].copy(), self.var[r].copy(), float(self.count[r])
+            s.mean, s.var = self.mean[r].copy(), self.var[r].copy()
+            s.count = float(self.count[r].item())
 
     def update(self, x: np.ndarray) -> None:
         """Every row's :meth:`RunningMeanStd.update` with its batch ``x[r]`` (``x [R, n,
         *shape]``)."""
-        n, c = x.shape[1], self._col
-        count = self.count[c]
+        n = x.shape[1]
+        # one row: its count as a float scalar (the same double arithmetic, less broadcasting)
+        count: Any = self.count.item() if self.count.size == 1 else self.count
         if n == 1:  # RunningMeanStd._update_one's expressions
             delta = x[:, 0] - self.mean
             total = count + 1
@@ -62,4 +64,4 @@ class StackedStats:
             self.mean = self.mean + delta * n / total
             m2 = self.var * count + batch_var * n + delta**2 * count * n / total
             self.var = m2 / total
-        self.count = total.reshape(-1)
+        self.count = np.full_like(self.count, total) if self.count.size == 1 else total

@@ -69,6 +69,7 @@ class NumpyStack:
     def __init__(self, runs: int) -> None:
         self.R = runs
         self.slots: list[NumpySlot | None] = [None] * runs
+        self._rows: dict[int, tuple[Any, ...]] = {}
         self._full: tuple[list[Layer], ...] | None = None
         self._heads: list[Head | None] = [None] * runs
 
@@ -121,13 +122,26 @@ class NumpyStack:
 
     def _buffers(self, rows: np.ndarray) -> tuple[Any, ...]:
         """Weights, gradient, layers and heads of ``rows``: the stack's own when every row
-        steps, else gathered copies (written back by the caller)."""
-        if len(rows) == self.R:
+        steps; one row's own views (2-D layers: the network alone, without the stacked loop's
+        overhead) when one steps; else gathered copies (written back by the caller)."""
+        if len(rows) == self.R and self.R > 1:
             return (self.W, self.G, *self._all(), [self.head(r) for r in rows])
+        if len(rows) == 1:
+            return self._alone(int(rows[0]))
         W = self.W[rows]
         G = np.zeros_like(W)
         heads = [self._head(W[a], G[a]) for a in range(len(rows))]
         return (W, G, *self.layout.layers(W), *self.layout.layers(G), heads)
+
+    def _alone(self, r: int) -> tuple[Any, ...]:
+        """Row ``r``'s weights and gradient ``[1, P]`` and its 2-D layers (cached)."""
+        got = self._rows.get(r)
+        if got is None:
+            W, G = self.W[r:r + 1], self.G[r:r + 1]
+            layers = (*self.layout.layers(W), *self.layout.layers(G))
+            got = self._rows[r] = (W, G, *([(w[0], b[0]) for w, b in ls] for ls in layers),
+                                   [self.head(r)])
+        return got
 
     # ------------------------------------------------------------------ the step
     def step(self, rows: np.ndarray, mb: Minibatch, losses: list[PPOLoss], betas: list[float],
@@ -135,9 +149,13 @@ class NumpyStack:
         """One minibatch step of each policy in ``rows`` (its loss ``losses[a]``, its
         ``betas[a]``); per policy its detached per-sample outputs (numpy) and loss terms."""
         W, G, actor, critic, g_actor, g_critic, heads = self._buffers(rows)
-        a_acts = mlp.forward(actor, mb.obs, ws, "actor")
-        c_acts = mlp.forward(critic, mb.obs, ws, "critic")
-        out, values = a_acts[-1], c_acts[-1][..., 0].copy()  # buffers are reused: copy what leaves
+        alone = len(rows) == 1  # 2-D layers: the row's network alone
+        x = mb.obs[0] if alone else mb.obs
+        a_acts = mlp.forward(actor, x, ws, "actor")
+        c_acts = mlp.forward(critic, x, ws, "critic")
+        out = a_acts[-1][None] if alone else a_acts[-1]
+        values = c_acts[-1][..., 0].copy()  # buffers are reused: copy what leaves
+        values = values[None] if alone else values
         g_out = np.empty(out.shape, np.float32)
         g_val = np.empty(values.shape + (1,), np.float32)
         per_row: list[tuple[Any, ...]] = []
@@ -149,8 +167,8 @@ class NumpyStack:
             g_out[a] = backward(g_logp, g_ent, g_kl)
             g_val[a, :, 0] = gv
             per_row.append((logp, entropy, kl, terms, samples))
-        mlp.backward(actor, g_actor, a_acts, g_out, ws)
-        mlp.backward(critic, g_critic, c_acts, g_val, ws)
+        mlp.backward(actor, g_actor, a_acts, g_out[0] if alone else g_out, ws)
+        mlp.backward(critic, g_critic, c_acts, g_val[0] if alone else g_val, ws)
         whole = len(rows) == self.R
         norms = self.adam.step(G, None if whole else rows, None if whole else W)
         return [StepResult(mb.idx[a], logp, values[a], entropy, kl, mb.adv[a], norms[a],
@@ -163,12 +181,19 @@ class NumpyStack:
         rollout (nats per sample): ``obs [A, B, obs_dim]`` and ``old_params [A, B,
         param_dim]`` are the rows' rollouts."""
         _, _, actor, _, _, _, heads = self._buffers(rows)
-        out = mlp.forward(actor, obs, ws, "actor")[-1]
+        if len(rows) == 1:  # 2-D layers: the row's network alone
+            out = mlp.forward(actor, obs[0], ws, "actor")[-1][None]
+        else:
+            out = mlp.forward(actor, obs, ws, "actor")[-1]
         return [heads[a].kl_mean(out[a], old_params[a]) for a in range(len(rows))]
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The actors' outputs ``[R, N, k or d]`` and values ``[R, N]`` of every row for
         ``obs [R, N, obs_dim]``, as each row's rollout runner computes them
         (:meth:`klppo.nn.numpy.NumpyRunner.act`, before sampling)."""
+        if self.R == 1:  # the network alone (no stacked loop)
+            actor, critic = self._alone(0)[2:4]
+            x = obs[0]
+            return mlp.forward(actor, x)[-1][None], mlp.forward(critic, x)[-1][None, :, 0]
         actor, critic = self._all()[:2]
         return mlp.forward(actor, obs)[-1], mlp.forward(critic, obs)[-1][..., 0]

@@ -1,15 +1,16 @@
-"""The batched engine's torch stack on a device against its numpy stack on the CPU: where time goes.
+"""The engine's torch stack on a device against its numpy stack on the CPU: where time goes.
 
-Usage: python benchmarks/bench_batched_device.py --device cuda [--runs 20 100] [--steps 4096]
-                                                 [--preset klip/hopper]
+Usage: python benchmarks/bench_engine_device.py --device cuda [--runs 20 100] [--steps 4096]
+                                                [--preset klip/hopper]
 
 For each R in ``--runs``, trains R runs (the preset, seeds 0..R-1, objective clip) in one process
 twice, each in a fresh process with one CPU thread: the numpy stack (the fast path, on the CPU)
 and the torch stack on ``--device`` (``fast_path: false``). Each phase of the training loop is
 timed by wrapping the engine's own functions (the device synchronised after each call): the
-stacked policy forward of the rollout, the runs' action sampling, the env steps with the buffer
-writes (``Collector.record``), the minibatch steps, the rollout KLs; "other" is the rest of the
-loop (advantages, diagnostics, controllers, metrics and checkpoints). Prints per stack the loop's
+stacked policy forward of the rollout, the runs' action sampling, the env steps with the
+checks, bookkeeping, normalisation and buffer writes, the minibatch steps, the rollout KLs;
+"other" is the rest of the loop (advantages, diagnostics, controllers, metrics and
+checkpoints). Prints per stack the loop's
 summed env-steps per second and the seconds in each phase. Needs the env's extra (mujoco for
 klip/hopper); ``--device cpu`` runs the torch stack on the CPU (e.g. to try the script).
 """
@@ -26,10 +27,9 @@ CHILD = """
 import collections, dataclasses, json, logging, time
 import torch
 import klppo.rl as rl
-from klppo.nn.numpy.runner import NumpyRunner
-from klppo.nn.runners import TorchRunner
-from klppo.rl.batched import step as numpy_step, torch_step, train_batched
-from klppo.rl.rollout import Collector
+from klppo.rl.engine.collect import StackedRollout
+from klppo.rl.engine.numpy_stack import NumpyStack
+from klppo.rl.engine.torch_stack import TorchStack
 logging.disable(logging.WARNING)
 device, fast = {device!r}, {fast!r}
 sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -44,20 +44,19 @@ def timed(name, fn):
         return out
     return wrapper
 
-for mod in (numpy_step, torch_step):
-    mod.stacked_act = timed("forward", mod.stacked_act)
-    mod.stacked_step = timed("minibatch_steps", mod.stacked_step)
-    mod.stacked_policy_kl = timed("rollout_kl", mod.stacked_policy_kl)
-for cls in (NumpyRunner, TorchRunner):
-    cls.sample = timed("sampling", cls.sample)
-Collector.record = timed("env_step", Collector.record)
+for cls in (NumpyStack, TorchStack):
+    cls.act = timed("forward", cls.act)
+    cls.step = timed("minibatch_steps", cls.step)
+    cls.policy_kl = timed("rollout_kl", cls.policy_kl)
+StackedRollout._act = timed("sampling", StackedRollout._act)
+StackedRollout._step = timed("env_step", StackedRollout._step)
 
 def cfg(seed):
     c = rl.preset({preset!r})
     return dataclasses.replace(c, seed=seed, objective="clip", total_steps={steps},
                                tensorboard=False, fast_path=fast, device=device,
                                out=f"{root}/run{{seed}}")
-res = train_batched([cfg(s) for s in range({runs})])
+res = rl.train_batched([cfg(s) for s in range({runs})])
 assert all(r.status == "finished" for r in res), [r.status for r in res]
 loop = max(r.metrics[-1]["time_elapsed"] for r in res)
 steps = sum(r.metrics[-1]["global_step"] for r in res)
@@ -65,7 +64,8 @@ print("RESULT", json.dumps({{"loop": loop, "steps": steps, **spent}}).replace(" 
 """
 
 PHASES = ("forward", "sampling", "env_step", "minibatch_steps", "rollout_kl")
-LABELS = ("forward (rollout)", "sampling", "env step + buffer", "minibatch steps", "rollout KL")
+LABELS = ("forward (rollout)", "sampling + buffer", "env step + per-run work", "minibatch steps",
+          "rollout KL")
 
 
 def measure(preset: str, runs: int, steps: int, device: str, fast: bool) -> dict[str, float]:
