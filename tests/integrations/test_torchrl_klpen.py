@@ -153,7 +153,7 @@ def test_constructor_mirrors_torchrl():
     theirs = inspect.signature(TorchRLKLPEN).parameters
     for name, p in theirs.items():
         assert ours[name].default == p.default and ours[name].kind == p.kind, name
-    assert set(ours) - set(theirs) == {"controller", "update_beta_in_forward"}
+    assert set(ours) - set(theirs) == {"controller", "update_beta_in_forward", "composite_kl"}
     actor, critic = make_actor_critic("categorical")
     for bad in (dict(entropy_coef=0.1), dict(critic_coef=0.1), dict(increment=0.5)):
         with pytest.raises((TypeError, ValueError)) as theirs_err:

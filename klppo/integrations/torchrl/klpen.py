@@ -6,18 +6,30 @@ closed form, else :func:`klppo.core.kl.monte_carlo_kl` with ``samples_mc_kl`` dr
 ``pi_old``, as TorchRL samples). beta is the ``beta`` buffer, moved by a
 :class:`~klppo.core.controllers.KLController`; the default is the ``step`` rule with TorchRL's
 bands (1.5) and its ``increment`` / ``decrement`` factors, so the trajectory of beta is TorchRL's.
+
+A composite action distribution (TorchRL's ``CompositeDistribution``: several heads, e.g. a
+discrete and a continuous action) has independent heads given the state, so its KL is the sum of
+the heads' KLs, in nats per sample like any other. By default (``composite_kl="per_head"``) each
+head's KL is exact where torch has a closed form for it (Normal, Categorical, TanhNormal through
+its tanh, ...) and a Monte Carlo estimate with ``samples_mc_kl`` draws otherwise; TorchRL itself
+has no closed form for a composite and always estimates the joint KL by Monte Carlo, which
+``composite_kl="torchrl"`` reproduces draw for draw (TorchRL's numbers and beta trajectory for the
+same random state). Log-probabilities are read under either ``composite_lp_aggregate`` setting,
+as TorchRL reads them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+from typing import Literal
 
 import torch
-from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import CompositeDistribution, dispatch
-from torchrl.modules.distributions.utils import _warn_mc_kl, has_analytic_kl
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection
+from tensordict.nn import CompositeDistribution, dispatch, set_composite_lp_aggregate
+from torchrl.modules.distributions.utils import _warn_mc_kl, has_analytic_kl, sample_and_log_prob
 from torchrl.objectives import ppo as _ppo
+from torchrl.objectives.utils import _sum_td_features
 
 from klppo.core.controllers import KLController, StepKL
 from klppo.core.kl import analytic_kl, monte_carlo_kl
@@ -35,6 +47,8 @@ __all__ = ["KLPENPPOLoss"]
 #: the core objective of this loss: ``w A - beta KL`` with the per-state KL passed in
 _PENALTY = make_objective("kl_penalty", kl_estimator="analytic")
 _RULE_OPTIONS = ("dtarg", "beta", "increment", "decrement")
+#: how the KL of a composite action distribution is computed (see the module docstring)
+CompositeKL = Literal["per_head", "torchrl"]
 
 
 class KLPENPPOLoss(_ppo.KLPENPPOLoss):
@@ -51,6 +65,9 @@ class KLPENPPOLoss(_ppo.KLPENPPOLoss):
     * ``update_beta_in_forward``: True (TorchRL's behaviour, the default) feeds the controller
       inside every ``forward``; False leaves beta alone in ``forward`` and the training loop calls
       :meth:`update_beta` where it chooses (per minibatch, epoch or iteration).
+    * ``composite_kl``: for a composite action distribution, ``"per_head"`` (the default: the
+      sum of the heads' KLs, each exact where it has a closed form) or ``"torchrl"`` (TorchRL's
+      joint Monte Carlo estimate, draw for draw); see the module docstring.
 
     The ``beta`` buffer is the single home of beta: :meth:`update_beta` starts the controller
     from it (so a value written to ``loss.beta`` - a scheduler, :meth:`reset` - is respected)
@@ -65,7 +82,11 @@ class KLPENPPOLoss(_ppo.KLPENPPOLoss):
 
     def __init__(self, actor_network=None, critic_network=None, *,
                  controller: KLController | None = None, update_beta_in_forward: bool = True,
-                 **kwargs) -> None:
+                 composite_kl: CompositeKL = "per_head", **kwargs) -> None:
+        if composite_kl not in ("per_head", "torchrl"):
+            raise ValueError(f"KLPENPPOLoss: composite_kl={composite_kl!r}: must be 'per_head' "
+                             f"or 'torchrl'")
+        self.composite_kl = composite_kl
         given = [k for k in _RULE_OPTIONS if k in kwargs]
         if controller is not None and given:
             raise ValueError(
@@ -132,14 +153,57 @@ class KLPENPPOLoss(_ppo.KLPENPPOLoss):
         self._write_beta(self._controller.value)
 
     # ------------------------------------------------------------------ KL
-    def kl(self, previous_dist, current_dist) -> torch.Tensor:
+    def kl(self, previous_dist, current_dist, batch_shape: torch.Size | None = None
+           ) -> torch.Tensor:
         """Per-state ``KL(pi_old || pi_new)`` in nats: closed form where TorchRL has one, else
-        ``samples_mc_kl`` draws from ``pi_old`` (sampled, not reparameterised, as TorchRL)."""
-        if isinstance(previous_dist, CompositeDistribution) or isinstance(
-                current_dist, CompositeDistribution):
-            raise NotImplementedError(
-                "klppo's KLPENPPOLoss does not serve composite action distributions; use "
-                "torchrl.objectives.KLPENPPOLoss for those")
+        ``samples_mc_kl`` draws from ``pi_old`` (sampled, not reparameterised, as TorchRL). A
+        composite distribution's is the sum over its heads (``composite_kl``; ``batch_shape``
+        is the samples' shape, which TorchRL's joint estimate needs)."""
+        composite = [isinstance(d, CompositeDistribution) for d in (previous_dist, current_dist)]
+        if any(composite):
+            if not all(composite):
+                raise TypeError("KLPENPPOLoss: the previous and current distributions must both "
+                                "be composite, or neither")
+            if self.composite_kl == "torchrl":
+                return self._joint_mc_kl(previous_dist, current_dist, batch_shape)
+            return self._per_head_kl(previous_dist, current_dist, batch_shape)
+        return self._head_kl(previous_dist, current_dist)
+
+    def _per_head_kl(self, previous_dist, current_dist,
+                     batch_shape: torch.Size | None) -> torch.Tensor:
+        """The sum over the heads of each head's :meth:`_head_kl` (the heads are independent
+        given the state, so their KLs add), a head's dimensions past the samples' batch
+        (``batch_shape``; default: the fewest any head has) summed as TorchRL sums its
+        log-probabilities' features."""
+        missing = set(previous_dist.dists) ^ set(current_dist.dists)
+        if missing:
+            raise KeyError(f"KLPENPPOLoss: the composite distributions have different heads "
+                           f"({sorted(map(str, missing))})")
+        kls = [self._head_kl(p, current_dist.dists[name])
+               for name, p in previous_dist.dists.items()]
+        n = len(batch_shape) if batch_shape is not None else min(k.ndim for k in kls)
+        kls = [k.sum(tuple(range(n, k.ndim))) if k.ndim > n else k for k in kls]
+        return torch.stack(torch.broadcast_tensors(*kls)).sum(0)
+
+    def _joint_mc_kl(self, previous_dist, current_dist,
+                     batch_shape: torch.Size | None) -> torch.Tensor:
+        """TorchRL's composite KL: ``samples_mc_kl`` joint draws from ``pi_old``, each head's
+        log-probabilities kept per key and summed, averaged over the draws."""
+        _warn_mc_kl(previous_dist, current_dist)
+        with set_composite_lp_aggregate(False):
+            x, previous_log_prob = sample_and_log_prob(previous_dist, (self.samples_mc_kl,))
+            current_log_prob = current_dist.log_prob(x)
+        if is_tensor_collection(previous_log_prob):
+            if batch_shape is not None and previous_log_prob.batch_size != batch_shape:
+                previous_log_prob.batch_size = (self.samples_mc_kl,) + tuple(batch_shape)
+                current_log_prob.batch_size = (self.samples_mc_kl,) + tuple(batch_shape)
+            previous_log_prob = _sum_td_features(previous_log_prob)
+            current_log_prob = _sum_td_features(current_log_prob)
+        return (previous_log_prob - current_log_prob).mean(0)
+
+    def _head_kl(self, previous_dist, current_dist) -> torch.Tensor:
+        """One distribution's (or head's) KL: closed form where TorchRL has one, else Monte
+        Carlo."""
         if has_analytic_kl(previous_dist, current_dist):
             return analytic_kl(previous_dist, current_dist, num_samples_mc=self.samples_mc_kl)
         _warn_mc_kl(previous_dist, current_dist)
@@ -174,7 +238,7 @@ class KLPENPPOLoss(_ppo.KLPENPPOLoss):
                                                   preserve_module_state=False)
               if self.functional else contextlib.nullcontext()):
             current_dist = self.actor_network.get_dist(tensordict_copy)
-        kl = self.kl(previous_dist, current_dist).unsqueeze(-1)
+        kl = self.kl(previous_dist, current_dist, adv.shape[:-1]).unsqueeze(-1)
         beta = self.beta if self.update_beta_in_forward else self.beta.clone()
         term = _PENALTY.term(log_weight.exp(), None, None, adv, kl, beta, want_beta=False)
         if self.update_beta_in_forward:
