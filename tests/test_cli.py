@@ -140,3 +140,19 @@ def test_verify_fails_when_a_claim_disagrees_with_enumeration(monkeypatch, capsy
     assert ("MISMATCH k3 in the reward (per token, on-policy, 1 token): claimed reverse, "
             "enumerated neither") in out
     assert "DISAGREES with enumeration" in out and "verify: FAILED" in out
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--batches", "1000000000"], "--batches=1000000000: must be 1 to 10,000"),
+    (["--batches", "0"], "--batches=0: must be 1 to 10,000"),
+    (["--seed", "-1"], "--seed=-1: must be in [0,"),
+])
+def test_verify_bounds_its_work_before_it_starts(flags, words, capsys):
+    """(issue #32) 10^9 batches ran for weeks without a word: refused at once, one line."""
+    import time
+
+    t = time.perf_counter()
+    assert main(["verify", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0]
+    assert time.perf_counter() - t < 5.0  # (an unbounded run took weeks)

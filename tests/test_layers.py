@@ -21,7 +21,7 @@ ALLOWED = {
     "rl": {"core", "nn", "runs"},
     "lm": {"core", "runs"},
     "replay": {"core", "runs"},
-    "integrations": {"core", "nn"},  # bridges to other ecosystems (TorchRL), optional extras
+    "integrations": {"core", "nn", "runs"},  # bridges (TorchRL, TRL), optional extras
     "experiments": {"core", "nn", "rl", "lm", "runs"},
     "report": {"runs"},
     "cli": {"core", "nn", "rl", "lm", "replay", "integrations", "experiments", "report", "runs"},

@@ -58,6 +58,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     reported: tuple[type[BaseException], ...] = (*REPORTED, RenderingUnavailable)
     try:
         runs = _runs(Path(args.run_dir), args.run)
+        _check_destinations(args, runs)
         if runs is None:
             if args.run is not None:
                 raise FlagError(f"--run {args.run}: only for a sweep directory; "
@@ -87,6 +88,26 @@ def _runs(path: Path, only: str | None) -> dict[str, Path] | None:
             raise FlagError(f"--run {only}: not a run of {path} (its runs: {listed})")
         return {only: runs[only]}
     return runs
+
+
+#: the videos eval records into --video DIR (gymnasium's RecordVideo, name prefix "eval")
+VIDEO_FILES = "eval-episode-*.mp4"
+
+
+def _check_destinations(args: argparse.Namespace, runs: dict[str, Path] | None) -> None:
+    """FlagError, before any work, when --out or --video would write a file that a run or
+    sweep owns (its checkpoint, metrics, config, ...), whatever --force says."""
+    from klppo.runs.owned import owned_reason
+
+    reasons = []
+    if args.out:
+        reasons.append(owned_reason(args.out, what="--out"))
+    if args.video:  # a run's episodes, or a sweep's in VIDEO/RUN_NAME
+        own = [VIDEO_FILES] if runs is None else sorted(runs)
+        reasons.append(owned_reason(args.video, own, "--video"))
+    for reason in reasons:
+        if reason is not None:
+            raise FlagError(reason)
 
 
 def _eval_sweep(args: argparse.Namespace, runs: dict[str, Path]) -> int:

@@ -121,9 +121,13 @@ def _check_flags(args: argparse.Namespace) -> None:
 def _inputs(args: argparse.Namespace):
     """``(steps, kl or None, target, controllers)`` from the flags and the trace file."""
     from klppo.replay.lab import default_controllers, load_trace, parse_controller
+    from klppo.runs.owned import owned_reason
     from klppo.runs.paths import check_writable
 
     _check_flags(args)
+    reason = owned_reason(args.out, OUTPUTS, "--out")
+    if reason is not None:  # a run's or sweep's file: never, --force or not
+        raise FlagError(reason)
     check_writable(args.out)
     _check_out(args.out, args.force)
     steps: list[float]

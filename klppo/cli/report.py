@@ -34,15 +34,20 @@ def add_parser(sub) -> None:
 
 def check_report_args(paths: list[str], out: str, smooth: int | None = None,
                       force: bool = False) -> None:
-    """FlagError naming the flag (or the path) that cannot be read or written, or the earlier
+    """FlagError naming the flag (or the path) that cannot be read or written, a destination
+    that would write into what a run or sweep owns (whatever ``force`` says), or the earlier
     report that ``out`` holds (without ``force``)."""
-    from klppo.report.build import earlier_report
+    from klppo.report.build import REPORT_FILES, earlier_report
+    from klppo.runs.owned import owned_reason
 
     if smooth is not None and not 1 <= smooth <= 100_000:
         raise FlagError(f"--smooth={smooth}: must be an integer in [1, 100,000] (iterations)")
     for p in paths:
         if not Path(p).exists():
             raise FlagError(f"{p}: does not exist")
+    reason = owned_reason(out, REPORT_FILES, "--out")
+    if reason is not None:  # a run's or sweep's file: never, --force or not
+        raise FlagError(reason)
     if Path(out).exists() and not Path(out).is_dir():
         raise FlagError(f"--out={out!r}: exists and is not a directory")
     found = earlier_report(out)

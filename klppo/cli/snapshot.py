@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from klppo.cli.errors import REPORTED, fail
+from klppo.cli.errors import REPORTED, FlagError, fail
 
 DESCRIPTION = ("Write a docs/results snapshot from run or sweep directories: "
                "DEST/final_returns.md, DEST/equivalence.md and, where runs log a kill set, "
@@ -29,11 +29,26 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_snapshot)
 
 
+#: what a snapshot writes into DEST
+SNAPSHOT_FILES = ("final_returns.md", "equivalence.md", "partition.md", "aggregates.md",
+                  "report.html")
+
+
+def check_snapshot_dest(dest: str) -> None:
+    """FlagError, before any work, when DEST would write into what a run or sweep owns."""
+    from klppo.runs.owned import owned_reason
+
+    reason = owned_reason(dest, SNAPSHOT_FILES, "dest")
+    if reason is not None:
+        raise FlagError(reason)
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from klppo.report import format_table
     from klppo.report.snapshot import write_snapshot
 
     try:
+        check_snapshot_dest(args.dest)
         rep = write_snapshot(args.paths, args.dest, args.title, args.command, args.smooth,
                              args.finished_only)
     except REPORTED as e:

@@ -113,8 +113,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     logging.getLogger("optuna").setLevel(logging.WARNING)
     progress = TuneProgress(spec.trials, _trials_so_far(args.out))
     try:
+        notes = spec.invalid_draws()  # a space none of whose values is valid: refused here
         print(f"tune: {spec.trials} trials into {args.out} ({spec.sampler} sampler, "
               f"{spec.pruner} pruner, {len(spec.seeds)} run(s) per trial)", flush=True)
+        for note in notes:
+            print(f"tune: note: {note}", flush=True)
         res = run_tune(spec, args.out, on_trial=progress)
     except REPORTED as e:
         progress.close()
@@ -133,7 +136,8 @@ def _trials_so_far(out: str) -> int:
 
     try:
         index = json.loads((Path(out) / "index.json").read_text())
-        return sum(t.get("state") in ("complete", "pruned", "fail") for t in index["trials"])
+        return sum(t.get("state") in ("complete", "pruned", "fail", "invalid")
+                   for t in index["trials"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return 0
 
@@ -161,4 +165,10 @@ def _summary(res, args: argparse.Namespace) -> int:
         print(f"tune: stopped by {signal.Signals(res.stop_signal).name}; run the same command "
               f"again to continue (the running trial resumes from its checkpoint)", flush=True)
         return signal_exit(res.stop_signal)
-    return 0 if best is not None else 1
+    if best is not None:
+        return 0
+    if res.trials and all(t.state == "invalid" for t in res.trials):
+        print(f"tune: every trial was an invalid draw ({res.trials[-1].error}); narrow the "
+              f"space", flush=True)
+        return 2
+    return 1

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import argparse
 
+from klppo.cli.errors import FlagError, fail
+
+#: bounds of the flags: a batch costs a few milliseconds (200 batches of 4 sizes: seconds)
+MAX_BATCHES = 10_000
+MAX_SEED = 2**63 - 1
+
 DESCRIPTION = ("Check the library's identities on random batches it builds itself: Theorem 1 "
                "(the gradient of PPO-Clip equals the gradient of the per-sample KL template), "
                "Theorem 2 (min(wA, clip(w)A) == wA - Phi(w, A)), the partition fractions, and "
@@ -19,13 +25,30 @@ def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="check Theorems 1 and 2, the controllers and the KL gradient "
                                             "table",
                        description=DESCRIPTION)
-    p.add_argument("--seed", type=int, default=0, help="seed of the random batches")
-    p.add_argument("--batches", type=int, default=200, help="random batches per batch size")
+    p.add_argument("--seed", type=int, default=0,
+                   help=f"seed of the random batches, in [0, {MAX_SEED:,}]")
+    p.add_argument("--batches", type=int, default=200,
+                   help=f"random batches per batch size, 1 to {MAX_BATCHES:,} (200: a few "
+                        f"seconds)")
     p.set_defaults(func=cmd_verify)
 
 
+def check_verify_flags(seed: int, batches: int) -> None:
+    """FlagError (one line, before any work) for a seed or a batch count out of range: every
+    batch costs a few milliseconds, so 10^9 of them would run for weeks without a word."""
+    if not 0 <= seed <= MAX_SEED:
+        raise FlagError(f"--seed={seed}: must be in [0, {MAX_SEED:,}]")
+    if not 1 <= batches <= MAX_BATCHES:
+        raise FlagError(f"--batches={batches}: must be 1 to {MAX_BATCHES:,} (random batches per "
+                        f"batch size; 200, the default, takes a few seconds)")
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
-    from klppo.core.verify import verify
+    try:
+        check_verify_flags(args.seed, args.batches)
+    except FlagError as e:
+        return fail("verify", e)
+    from klppo.core.verify import verify  # (torch: after the flags are checked)
     from klppo.runs.threads import compute_threads
 
     with compute_threads(1):  # tiny tensors: one thread is fastest, and the same on every machine

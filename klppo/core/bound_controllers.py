@@ -192,10 +192,20 @@ def _range(name: str, v: Any, lo: float, hi: float, text: str) -> tuple[float, f
     return a, b
 
 
-def _grid(a: float, b: float, step: float) -> list[float]:
+#: the most bounds a range may hold: Algorithm 1 scans them every minibatch, so a step that
+#: makes millions of them (1e-12 over a range of 1.8) would stall training, and building the
+#: list would exhaust memory first (the paper's ranges hold 16 and 37)
+MAX_GRID = 10_000
+
+
+def _grid(name: str, a: float, b: float, step: float) -> list[float]:
     """``a + k step`` for ``k = 0 .. n`` (``n`` the largest with ``a + n step <= b``, to a 1e-9
-    step tolerance), each rounded to 12 decimals."""
+    step tolerance), each rounded to 12 decimals; ValueError naming ``name`` (the step) when
+    that is more than :data:`MAX_GRID` bounds, before any is made."""
     n = math.floor((b - a) / step + 1e-9)
+    if n + 1 > MAX_GRID:
+        raise ValueError(f"{name}={step!r}: makes {n + 1:,} bounds over ({a:g}, {b:g}); at most "
+                         f"{MAX_GRID:,} (Algorithm 1 scans them every minibatch)")
     return [round(a + k * step, 12) for k in range(n + 1)]
 
 
@@ -223,8 +233,8 @@ class BAPOController:
         self.high = _range("high", high, 1.0, math.inf, "c_high must be finite and > 1")
         self.step_high = _number("step_high", step_high, 0.0, math.inf, "must be finite and > 0")
         self.step_low = _number("step_low", step_low, 0.0, math.inf, "must be finite and > 0")
-        self._lows = _grid(*self.low, self.step_low)
-        self._highs = _grid(*self.high, self.step_high)
+        self._lows = _grid("step_low", *self.low, self.step_low)
+        self._highs = _grid("step_high", *self.high, self.step_high)
         if len(self._lows) < 2:
             raise ValueError(f"low={self.low!r}: b- - a- must allow one step of step_low="
                              f"{self.step_low!r} (Algorithm 1 runs only while c_low can step)")

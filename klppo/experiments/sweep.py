@@ -52,6 +52,7 @@ from klppo.experiments.sweep_spec import (
 from klppo.rl import config as C
 from klppo.runs import rundir as R
 from klppo.runs.configfile import InputError, read_text
+from klppo.runs.owned import container_reason
 from klppo.runs.typecheck import short_repr
 
 log = logging.getLogger(__name__)
@@ -114,9 +115,17 @@ def _write_index(sweep_dir: Path, entries: list[RunEntry]) -> None:
 
 
 def _open_sweep_dir(sweep_dir: Path, spec: SweepSpec) -> R.DirLock:
-    """Create (or reopen) the sweep directory and take its lock; refuse a different spec."""
+    """Create (or reopen) the sweep directory and take its lock; refuse a different spec, or
+    a directory where the sweep's files would land on what a run or study owns."""
+    owned = container_reason(sweep_dir, "sweep", "out")
+    if owned is not None:
+        raise C.ConfigError(owned)
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise C.ConfigError(f"out={str(sweep_dir)!r}: exists and is not a directory")
+    runs = sweep_dir / "runs"
+    if runs.exists() and not runs.is_dir():  # before anything is written there
+        raise C.ConfigError(f"out={str(sweep_dir)!r}: its {runs.name!r} is a file, where the "
+                            f"sweep keeps its run directories; move it or choose another --out")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     lock = R.DirLock(sweep_dir, "sweep directory").acquire()
     spec_path, spec_dict = sweep_dir / "spec.yaml", dataclasses.asdict(spec)
@@ -165,6 +174,11 @@ def _grouped(cfg: C.TrainConfig, sweep_dir: Path) -> C.TrainConfig:
 
 
 def _prepare(sweep_dir: Path, planned: list[RunPlan]) -> list[RunEntry]:
+    for plan in planned:
+        path = sweep_dir / "runs" / plan.name
+        if path.exists() and not path.is_dir():
+            raise C.ConfigError(f"{path}: a file where run {plan.name} keeps its directory; "
+                                f"move it or choose another --out")
     statuses = [_status(sweep_dir / "runs" / plan.name) for plan in planned]  # before writing
     entries = []
     for plan, st in zip(planned, statuses):

@@ -34,6 +34,7 @@ from klppo.runs import rundir as R
 from klppo.runs.configfile import InputError
 from klppo.runs.errors import RunFailed
 from klppo.runs.lifecycle import OnIteration, StopRun
+from klppo.runs.owned import container_reason
 from klppo.runs.protocol import final_return
 
 __all__ = ["TuneResult", "TrialEntry", "run_tune", "require_optuna", "JOURNAL", "REPORTS",
@@ -126,6 +127,9 @@ def _check_envs(spec: TuneSpec) -> None:
 
 
 def _check_dir(tune_dir: Path, spec: TuneSpec) -> None:
+    owned = container_reason(tune_dir, "tuning study", "out")
+    if owned is not None:  # a run's or sweep's file or folder: never written
+        raise C.ConfigError(owned)
     if tune_dir.exists() and not tune_dir.is_dir():
         raise C.ConfigError(f"out={str(tune_dir)!r}: exists and is not a directory")
     path = tune_dir / SPEC_FILE
@@ -148,12 +152,15 @@ def _study(optuna: Any, spec: TuneSpec, tune_dir: Path) -> Any:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    storage = JournalStorage(JournalFileBackend(str(tune_dir / JOURNAL)))
+    path = tune_dir / JOURNAL
     try:
+        storage = JournalStorage(JournalFileBackend(str(path)))
         done = len(storage.get_all_trials(storage.get_study_id_from_name(STUDY),
                                           deepcopy=False))
     except KeyError:  # a new study
         done = 0
+    except (ValueError, TypeError, AttributeError, IndexError) as e:  # a damaged journal
+        raise _damaged(path, e) from None
     seed = spec.sampler_seed + done  # a resumed study draws on, reproducibly
     sampler = (optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.startup_trials)
                if spec.sampler == "tpe" else optuna.samplers.RandomSampler(seed=seed))
@@ -161,8 +168,17 @@ def _study(optuna: Any, spec: TuneSpec, tune_dir: Path) -> Any:
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=spec.startup_trials,
                                           n_warmup_steps=int(WARMUP * steps))
               if spec.pruner == "median" else optuna.pruners.NopPruner())
-    return optuna.create_study(storage=storage, study_name=STUDY, direction="maximize",
-                               sampler=sampler, pruner=pruner, load_if_exists=True)
+    try:
+        return optuna.create_study(storage=storage, study_name=STUDY, direction="maximize",
+                                   sampler=sampler, pruner=pruner, load_if_exists=True)
+    except (ValueError, TypeError, AttributeError, IndexError) as e:  # a damaged journal
+        raise _damaged(path, e) from None
+
+
+def _damaged(path: Path, e: BaseException) -> C.ConfigError:
+    return C.ConfigError(f"{path}: cannot be read as Optuna's journal ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:120]}); restore it, or delete the tuning "
+                         f"directory to start again")
 
 
 class _Runner:
@@ -191,11 +207,18 @@ class _Runner:
         return None
 
     def trial(self, trial: Any, values: dict[str, Any]) -> int | None:
-        """Train the trial's runs, one per seed, and tell Optuna how it ended."""
+        """Check the trial's configs (a draw the config refuses is an ``invalid`` trial, with
+        its reason, and no run is made), then train its runs, one per seed, and tell Optuna how
+        it ended."""
+        try:
+            configs = [self.spec.config(values, seed, "-") for seed in self.spec.seeds]
+        except C.ConfigError as e:
+            trial.set_user_attr("invalid", True)
+            self._tell(trial, "invalid", error=" ".join(str(e).split())[:300])
+            return None
         finals, names = [], []
-        for k, seed in enumerate(self.spec.seeds):
+        for k, (seed, cfg) in enumerate(zip(self.spec.seeds, configs)):
             try:
-                cfg = self.spec.config(values, seed, "-")
                 names.append(_safe(f"{cfg.env}__trial{trial.number:04d}__{seed}"))
                 trial.set_user_attr("runs", names)
                 res = self._train(trial, cfg, self.dir / "runs" / names[-1],
@@ -235,7 +258,7 @@ class _Runner:
             trial.set_user_attr("error", error)
         if state == "complete":
             self.study.tell(trial, value)
-        else:
+        else:  # an invalid draw is a failed trial to Optuna (its sampler learns to avoid it)
             self.study.tell(trial, state=states.PRUNED if state == "pruned" else states.FAIL)
         if self.on_trial is not None:
             self.on_trial(TrialEntry(trial.number, state, value, dict(trial.params),
@@ -278,7 +301,8 @@ def _state(run_dir: Path) -> str | None:
 def _entries(study: Any) -> list[TrialEntry]:
     names = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "fail", "RUNNING": "running",
              "WAITING": "waiting"}
-    return [TrialEntry(t.number, names.get(t.state.name, t.state.name.lower()), t.value,
+    return [TrialEntry(t.number, "invalid" if t.user_attrs.get("invalid") else
+                       names.get(t.state.name, t.state.name.lower()), t.value,
                        dict(t.params), list(t.user_attrs.get("runs", [])),
                        t.user_attrs.get("error")) for t in study.get_trials(deepcopy=False)]
 

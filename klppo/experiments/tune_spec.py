@@ -124,6 +124,24 @@ class Param:
         """The values that must each be valid for the field: the bounds, or every choice."""
         return list(self.choices) if self.choices else [self.low, self.high]
 
+    def grid(self, most: int = 2000) -> list[Any]:
+        """Values the sampler can draw, to check before the study: every choice, every value of
+        an integer or stepped range (at most ``most`` of them, evenly spread), or ``most``
+        evenly spread points of a continuous one."""
+        if self.choices:
+            return list(self.choices)
+        lo, hi = self.low, self.high
+        assert lo is not None and hi is not None  # (a range)
+        if self.kind == "int" or self.step is not None:
+            step = self.step or 1
+            n = int((hi - lo) // step) + 1
+            ks = range(n) if n <= most else [round(i * (n - 1) / (most - 1)) for i in range(most)]
+            return [lo + k * step for k in ks]
+        if self.log:
+            ratio = (hi / lo) ** (1 / (most - 1))
+            return [lo * ratio ** i for i in range(most - 1)] + [hi]
+        return [lo + (hi - lo) * i / (most - 1) for i in range(most)]
+
     def suggest(self, trial: Any) -> Any:
         """Optuna's suggestion for this field on ``trial``."""
         if self.choices:
@@ -205,6 +223,30 @@ class TuneSpec:
                 _overlay(f"space.{p.name}={v!r}", _dotted("space", {p.name: v}), base,
                          check=True)
         validate(base)
+
+    def invalid_draws(self) -> list[str]:
+        """One line per field of the space some of whose values the config refuses (with the
+        others at the base's values): how many of the values checked, one example and why.
+        Draws of such values become ``invalid`` trials; a field none of whose values is valid
+        is a ConfigError (the study could train nothing)."""
+        base, notes = self.base_config(), []
+        for p in self.params():
+            bad: list[tuple[Any, str]] = []
+            grid = p.grid()
+            for v in grid:
+                try:
+                    _overlay(f"space.{p.name}={v!r}", _dotted("space", {p.name: v}), base,
+                             check=True)
+                except C.ConfigError as e:
+                    bad.append((v, str(e)))
+            if len(bad) == len(grid):
+                raise C.ConfigError(f"space.{p.name}: none of the {len(grid):,} values checked "
+                                    f"is valid, e.g. {bad[0][1]}")
+            if bad:
+                notes.append(f"space.{p.name}: {len(bad):,} of the {len(grid):,} values checked "
+                             f"are invalid (e.g. {bad[0][1]}); their draws become invalid "
+                             f"trials")
+        return notes
 
     def config(self, values: dict[str, Any], seed: int, out: str) -> C.TrainConfig:
         """The validated config of one run of a trial: the base, the trial's values, the seed

@@ -131,6 +131,14 @@ def _check_env_kwargs(cfg: Any) -> None:
         if not _plain(v):
             raise _bad(f"env_kwargs.{k}", v, "must be plain data (a string, number, bool, "
                        "null, list or mapping), as a config file writes it")
+    steps = kw.get("max_episode_steps")
+    if steps is not None and not (isinstance(steps, int) and not isinstance(steps, bool)
+                                  and 1 <= steps <= MAX_TOTAL_STEPS):
+        raise _bad("env_kwargs.max_episode_steps", steps, f"gym.make's time limit: an integer "
+                   f"1 to {MAX_TOTAL_STEPS:,} (null: the env's own)")
+    if kw.get("render_mode") is not None:
+        raise _bad("env_kwargs.render_mode", kw["render_mode"], "training never renders (klppo "
+                   "eval --video records a trained policy)")
 
 
 def _check_applies(cfg: Any) -> None:

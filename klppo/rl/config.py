@@ -35,6 +35,18 @@ def _fraction() -> dict[str, Range]:
     return {"range": Range(0, 1, low_open=True, text="must be in (0, 1]")}
 
 
+def _open_unit(what: str) -> dict[str, Range]:
+    """In ``(0, 1)``: a clip radius below the ratio 1 (``1 - eps`` must stay a ratio > 0)."""
+    return {"range": Range(0, 1, low_open=True, high_open=True,
+                           text=f"must be in (0, 1) ({what})")}
+
+
+def _between(low: float, high: float, why: str) -> dict[str, Range]:
+    """In ``(low, high]``."""
+    return {"range": Range(low, high, low_open=True, text=f"must be in ({low:g}, {high:g}] "
+                                                         f"({why})")}
+
+
 @dataclass
 class RolloutConfig:
     """Environment vectorisation and normalisation."""
@@ -62,9 +74,10 @@ class RolloutConfig:
 class PPOConfig:
     """The PPO update: objective knobs, optimiser, epochs."""
 
-    eps: float = field(default=0.2, metadata=above(0))
+    eps: float = field(default=0.2, metadata=_open_unit("the lower edge 1 - eps is a ratio > 0"))
     """clip radius (typical 0.1-0.3); also the band of the per-sample template"""
-    eps_low: float | None = field(default=None, metadata=above(0))
+    eps_low: float | None = field(default=None, metadata=_open_unit("the lower edge 1 - eps_low "
+                                                                    "is a ratio > 0"))
     """lower band radius for asymmetric clipping (None: eps)"""
     eps_high: float | None = field(default=None, metadata=above(0))
     """upper band radius for asymmetric clipping (None: eps; DAPO uses 0.28)"""
@@ -76,9 +89,11 @@ class PPOConfig:
     """softness s of the soft shapes (typical 0.02-0.2)"""
     kl_estimator: KLEstimatorChoice = "analytic"
     """KL of kl_penalty / clip_kl: analytic, k1, k2, k3, abs; k3_flipped, tutorial (not the KL)"""
-    tau_pos: float | None = field(default=None, metadata=above(0))
+    tau_pos: float | None = field(default=None, metadata=_between(0, 100, "beyond, the gate is a "
+                                                                  "step that overflows"))
     """sapo: gate temperature where A > 0 (None: the paper's 1.0)"""
-    tau_neg: float | None = field(default=None, metadata=above(0))
+    tau_neg: float | None = field(default=None, metadata=_between(0, 100, "beyond, the gate is a "
+                                                                  "step that overflows"))
     """sapo: gate temperature where A < 0 (None: the paper's 1.05)"""
     tau: float | None = field(default=None, metadata=above(0))
     """sq_log_ratio: coefficient of (log w)^2 / 2 (None: 1.0)"""
@@ -207,8 +222,8 @@ class NetConfig:
     """one trunk for policy and value (off: separate networks)"""
     separate_losses: bool = False
     """with a shared trunk, the trunk learns from the policy loss only"""
-    log_std_init: float = 0.0
-    """initial log-std of Gaussian policies"""
+    log_std_init: float = field(default=0.0, metadata=within(-20, 10))
+    """initial log-std of Gaussian policies, in [-20, 10] (a std of 2e-9 to 2e4)"""
 
 
 @dataclass

@@ -27,6 +27,10 @@ def _bad(field_name: str, value: Any, why: str) -> ConfigError:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check every field once, early; raise :class:`ConfigError` naming the field and value."""
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"config={short_repr(cfg)}: must be a klppo.rl.TrainConfig (e.g. "
+                          f"klppo.rl.preset('klip/cartpole'); a mapping: "
+                          f"klppo.rl.config.from_dict(...))")
     check_ranges(cfg)  # the ranges in the fields' metadata
     bounds.check(cfg)
     _validate_choices(cfg)
@@ -78,6 +82,9 @@ def _validate_numbers(cfg: TrainConfig) -> None:
         assert lo is not None and hi is not None  # the objective's defaults are numbers
         if not lo < hi:
             raise _bad("ppo.cov_low", lo, f"must be below ppo.cov_high={hi}")
+    if cfg.objective == "dppo_tv" and p.delta is not None and p.delta > 1:
+        raise _bad("ppo.delta", p.delta, "dppo_tv bounds a total-variation distance, a "
+                   "probability difference: it must be in (0, 1]")
     if p.early_stop != "none" and p.target_kl is None:
         raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
     _validate_anneal_from(cfg)

@@ -324,7 +324,19 @@ class RunningMeanStd:
         return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.mean, self.var, self.count = np.array(s["mean"]), np.array(s["var"]), s["count"]
+        """Restore; ValueError when the statistics do not fit (other shape, a negative or
+        non-finite variance, a count that is not a positive number)."""
+        mean, var, count = np.array(s["mean"], np.float64), np.array(s["var"], np.float64), \
+            s["count"]
+        if mean.shape != self.mean.shape or var.shape != self.var.shape:
+            raise ValueError(f"normaliser mean / var have shapes {list(mean.shape)} / "
+                             f"{list(var.shape)}, the run's {list(self.mean.shape)}")
+        if not (np.isfinite(mean).all() and np.isfinite(var).all() and (var >= 0).all()):
+            raise ValueError("normaliser mean / var: non-finite values or a negative variance")
+        if not isinstance(count, (int, float)) or isinstance(count, bool) or \
+                not 0 < count < float("inf"):
+            raise ValueError(f"normaliser count={count!r}: must be a finite number > 0")
+        self.mean, self.var, self.count = mean, var, float(count)
 
 
 class ObsNormalizer:
@@ -367,5 +379,9 @@ class RewardScaler:
         return {"rms": self.rms.state_dict(), "ret": self.ret.copy()}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
+        ret = np.array(s["ret"], np.float64)
+        if ret.shape != self.ret.shape or not np.isfinite(ret).all():
+            raise ValueError(f"reward_scaler.ret has shape {list(ret.shape)}, the run's "
+                             f"{list(self.ret.shape)} finite returns")
         self.rms.load_state_dict(s["rms"])
-        self.ret = np.array(s["ret"])
+        self.ret = ret

@@ -20,6 +20,7 @@ import torch
 from klppo.rl.envs import make_env
 from klppo.rl.policy import Policy, load, run_dir_of
 from klppo.runs.errors import InputError
+from klppo.runs.owned import owned_reason
 from klppo.runs.paths import check_writable
 from klppo.runs.rundir import write_json_atomic
 from klppo.runs.threads import compute_threads
@@ -96,11 +97,16 @@ def eval_path(run_dir: str | Path, out: str | Path | None = None, force: bool = 
 
     :class:`~klppo.runs.errors.InputError` naming the path when it exists (``out`` without
     ``force``), is a directory, or its folder is missing or not writable (a read-only run
-    directory: write elsewhere with ``out``)."""
+    directory: write elsewhere with ``out``); and, whatever ``force`` says, when it is a file
+    that a run or sweep owns (its checkpoint, metrics, config, ...; see
+    :func:`klppo.runs.owned.owned_reason`): ``force`` replaces only an earlier evaluation."""
     if out is not None:
         path, what = Path(out), "out"
     else:
         path, what = _free_name(Path(run_dir), force), "eval.json"
+    reason = owned_reason(path, what=what)
+    if reason is not None:
+        raise InputError(reason)
     if path.is_dir():
         raise InputError(f"{what}={str(path)!r}: is a directory")
     if out is not None and path.exists() and not force:
@@ -151,6 +157,9 @@ def evaluate(run_dir: str | Path, episodes: int = 10, deterministic: bool = True
     run_dir = run_dir_of(run_dir)
     path = eval_path(run_dir, out, force) if write else None
     if video_dir is not None:
+        reason = owned_reason(video_dir, ("eval-episode-*.mp4",), "--video")
+        if reason is not None:
+            raise InputError(reason)
         try:
             check_writable(video_dir, "--video")
         except OSError as e:

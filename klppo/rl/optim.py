@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["TorchAdam", "flat_adam_state"]
+__all__ = ["TorchAdam", "flat_adam_state", "check_adam_state"]
 
 B1, B2 = 0.9, 0.999
 
@@ -27,6 +27,26 @@ def flat_adam_state(s: dict[str, Any]) -> dict[str, Any]:
         return s
     m, v = (torch.cat([t.reshape(-1) for t in s[k]]).numpy() for k in ("exp_avg", "exp_avg_sq"))
     return {"lr": s["lr"], "m": m, "v": v, "t": int(s["steps"][0]) if s["steps"] else 0}
+
+
+def check_adam_state(s: dict[str, Any], size: int) -> dict[str, Any]:
+    """``s`` when it is an Adam row state of ``size`` parameters (a learning rate > 0, a step
+    count >= 0, finite moments of that size, the second one >= 0); ValueError naming the part
+    otherwise (a forged or damaged checkpoint, refused before any step)."""
+    lr, t = s.get("lr"), s.get("t")
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not 0 < lr < float("inf"):
+        raise ValueError(f"optimizer.lr={lr!r}: must be a finite number > 0")
+    if not isinstance(t, (int, np.integer)) or isinstance(t, bool) or t < 0:
+        raise ValueError(f"optimizer.t={t!r}: must be a step count >= 0")
+    for k in ("m", "v"):
+        a = np.asarray(s.get(k))
+        if a.shape != (size,) or not np.issubdtype(a.dtype, np.floating):
+            raise ValueError(f"optimizer.{k} has shape {list(a.shape)} ({a.dtype}), the network "
+                             f"{size} float parameters")
+        if not np.isfinite(a).all() or (k == "v" and (a < 0).any()):
+            raise ValueError(f"optimizer.{k}: holds non-finite or (second moment) negative "
+                             f"values")
+    return s
 
 
 class TorchAdam:

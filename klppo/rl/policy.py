@@ -25,9 +25,10 @@ from klppo.nn.actor_critic import ActorCritic, make_head
 from klppo.nn.distributions import CategoricalHead, DiagGaussianHead
 from klppo.rl.config import TrainConfig
 from klppo.rl.envs import ObsNormalizer, check_env, make_env
-from klppo.rl.spaces import read_spaces
+from klppo.rl.spaces import SPACES, read_spaces
 from klppo.runs import checkpoint as ckpt
 from klppo.runs.errors import InputError
+from klppo.runs.owned import owned_reason
 
 __all__ = ["Policy", "load", "load_policies"]
 
@@ -40,16 +41,41 @@ class Policy:
         config: the training config of the run.
         action_space: the env's single action space (Box actions are clipped to it).
         obs_norm: the frozen observation normaliser, or None.
+        observation_space: the env's single observation space (default: a Box of the
+            network's input size); what ``predict`` and ``act`` check observations against.
     """
 
     def __init__(self, agent: ActorCritic, config: TrainConfig, action_space: gym.Space,
-                 obs_norm: ObsNormalizer | None) -> None:
+                 obs_norm: ObsNormalizer | None,
+                 observation_space: gym.Space | None = None) -> None:
         self.agent, self.config, self.action_space = agent.eval(), config, action_space
         self.obs_norm = obs_norm
         # the first layer: the trunk's, or (without a trunk) the actor MLP's
         first = cast(nn.Sequential, agent.actor if agent.trunk is None else agent.trunk)[0]
         self.obs_dim = int(cast(nn.Linear, first).in_features)
+        self.observation_space = observation_space if observation_space is not None else \
+            gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
+        self.obs_shape = tuple(self.observation_space.shape or (self.obs_dim,))
         self.discrete = isinstance(agent.head, CategoricalHead)
+
+    def _observations(self, obs: Any, name: str, batch: bool | None) -> tuple[np.ndarray, bool]:
+        """``obs`` as float32 ``[B, obs_dim]`` and whether it was a single observation;
+        InputError (one sentence, naming ``name`` and the shape) for anything that is not one
+        observation of the observation space's shape or a batch of them (``batch`` True: only a
+        batch; None: either, as SB3's ``predict``)."""
+        try:
+            x = np.asarray(obs, dtype=np.float32)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"{name}: cannot be read as numbers ({type(e).__name__}: "
+                             f"{str(e)[:80]})") from None
+        shape, flat = self.obs_shape, (self.obs_dim,)
+        single = x.shape in (shape, flat) and batch is not True
+        if not single and not (x.ndim >= 2 and x.shape[1:] in (shape, flat) and x.shape[0] > 0):
+            dims = ", ".join(map(str, shape))
+            want = f"a batch [B, {dims}]" if batch else (
+                f"one observation [{dims}] or a batch [B, {dims}]")
+            raise InputError(f"{name}: has shape {list(x.shape)}; the policy takes {want}")
+        return x.reshape(-1, self.obs_dim), single
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
         """Raw observations ``[B, ...]`` -> the network's float32 input ``[B, obs_dim]``, exactly
@@ -61,8 +87,10 @@ class Policy:
     def act(self, obs: np.ndarray, deterministic: bool = True,
             generator: torch.Generator | None = None) -> np.ndarray:
         """Actions for a batch ``[B, ...]`` of raw observations: the mode (argmax or mean) when
-        ``deterministic``, else a sample; Box actions clipped to the action space."""
-        params = self.agent.policy_params(torch.from_numpy(self.normalize(obs)))
+        ``deterministic``, else a sample; Box actions clipped to the action space. A batch that
+        is not ``[B, *observation shape]`` is refused (InputError, one sentence)."""
+        x, _ = self._observations(obs, "obs", batch=True)
+        params = self.agent.policy_params(torch.from_numpy(self.normalize(x)))
         head = self.agent.head
         if deterministic:
             chosen = (params.argmax(-1) if self.discrete
@@ -85,9 +113,8 @@ class Policy:
         As in SB3, the action is **sampled** from the policy unless ``deterministic=True``
         (then the mode: the argmax, or the Gaussian's mean), with torch's global generator;
         :meth:`act` takes a generator. Box actions are clipped to the action space."""
-        obs = np.asarray(observation)
-        single = obs.size == self.obs_dim
-        action = self.act(obs.reshape(-1, self.obs_dim), deterministic)
+        obs, single = self._observations(observation, "observation", batch=None)
+        action = self.act(obs, deterministic)
         return (action[0] if single else action), None
 
     def export(self, path: str | Path) -> Path:
@@ -101,7 +128,16 @@ class Policy:
         ``act(obs, deterministic=True)`` (tested)."""
         from klppo.rl.export import export_policy
 
-        return export_policy(_Exported(self), self.obs_dim, Path(path))
+        target = Path(path)
+        owned = owned_reason(target, None, "path")
+        if owned is not None:  # a run's or sweep's file: never replaced
+            raise InputError(owned)
+        if target.is_dir():
+            raise InputError(f"path={str(path)!r}: a directory; give the file to write")
+        if not target.parent.is_dir():
+            raise InputError(f"path={str(path)!r}: its directory {str(target.parent)!r} does "
+                             f"not exist")
+        return export_policy(_Exported(self), self.obs_dim, target)
 
 
 class _Exported(nn.Module):
@@ -147,6 +183,8 @@ def _spaces(run_dir: Path, cfg: TrainConfig) -> tuple[gym.Space, gym.Space]:
     its environment (which must then be installed)."""
     saved = read_spaces(run_dir)
     if saved is not None and "observation" in saved:
+        if "action" not in saved:
+            raise ckpt.CheckpointError(f"{run_dir / SPACES}: has no action space")
         return saved["observation"], saved["action"]
     check_env(cfg.env, cfg.env_kwargs)
     env = make_env(cfg.env, cfg.env_kwargs)
@@ -156,8 +194,33 @@ def _spaces(run_dir: Path, cfg: TrainConfig) -> tuple[gym.Space, gym.Space]:
         env.close()
 
 
+def _check_spaces(saved: dict, obs_dim: int, act_space: gym.Space, where: Path,
+                  source: str, env: str) -> None:
+    """CheckpointError naming both ``where`` (the run's ``spaces.json``) and ``source`` (its
+    checkpoint) when the spaces the one holds do not fit the other's network: its input size,
+    or its action head's. Which of the two is wrong only the env could tell, so both are named."""
+    both = (f"{source} and {where} disagree (config.yaml: env {env})")
+    hint = "one of them was edited or copied from another run"
+    first = saved.get("trunk.0.weight", saved.get("actor.0.weight"))
+    takes = getattr(first, "shape", None)
+    if takes is not None and len(takes) == 2 and int(takes[1]) != obs_dim:
+        raise ckpt.CheckpointError(f"{both}: the observation space has {obs_dim} values but the "
+                                   f"checkpoint's network takes {int(takes[1])}; {hint}")
+    if isinstance(act_space, gym.spaces.Discrete):
+        layers = sorted(k for k in saved if k.startswith("actor.") and k.endswith(".weight"))
+        out = getattr(saved.get(layers[-1]) if layers else None, "shape", None)
+        if out is not None and len(out) == 2 and int(out[0]) != int(act_space.n):
+            raise ckpt.CheckpointError(f"{both}: the action space has {int(act_space.n)} "
+                                       f"actions but the checkpoint's network scores "
+                                       f"{int(out[0])}; {hint}")
+    elif "log_std" not in saved or getattr(saved["log_std"], "shape", None) != \
+            (int(np.prod(act_space.shape or (1,))),):
+        raise ckpt.CheckpointError(f"{both}: the action space {act_space} does not fit the "
+                                   f"checkpoint's network (its Gaussian head); {hint}")
+
+
 def _policy(cfg: TrainConfig, state: Any, obs_space: gym.Space, act_space: gym.Space,
-            source: str) -> Policy:
+            source: str, spaces_file: Path | None = None) -> Policy:
     """A :class:`Policy` from one learner's checkpointed state (network and normaliser);
     :class:`~klppo.runs.checkpoint.CheckpointError` naming ``source`` (the checkpoint) and
     the mismatch when the state does not fit the run's config (another run's checkpoint)."""
@@ -170,6 +233,8 @@ def _policy(cfg: TrainConfig, state: Any, obs_space: gym.Space, act_space: gym.S
         raise ckpt.CheckpointError(f"{source}: holds no network weights ('agent'); not a "
                                    "klppo train checkpoint")
     fits = f"does not fit the run's config.yaml (env {cfg.env}, net.hidden {list(n.hidden)})"
+    if spaces_file is not None:
+        _check_spaces(state["agent"], obs_dim, act_space, spaces_file, source, cfg.env)
     load_weights(agent, state["agent"], f"{source}: {fits}")
     obs_norm = None
     if state.get("obs_norm") is not None:
@@ -187,7 +252,7 @@ def _policy(cfg: TrainConfig, state: Any, obs_space: gym.Space, act_space: gym.S
         except (KeyError, TypeError, ValueError) as e:
             raise ckpt.CheckpointError(f"{source}: its observation normaliser cannot be read "
                                        f"({type(e).__name__}: {e})") from None
-    return Policy(agent, cfg, act_space, obs_norm)
+    return Policy(agent, cfg, act_space, obs_norm, obs_space)
 
 
 def load_weights(agent: nn.Module, saved: Any, where: str) -> None:
@@ -250,7 +315,8 @@ def load(run_dir: str | Path, policy: str | None = None) -> Policy:
         raise ValueError(f"policy={policy!r}: {run_dir} is a single-agent run (no policy names)")
     state = _checkpoint(run_dir)
     obs_space, act_space = _spaces(run_dir, cfg)
-    return _policy(cfg, state, obs_space, act_space, str(run_dir / ckpt.CHECKPOINT))
+    recorded = run_dir / SPACES if (run_dir / SPACES).exists() else None
+    return _policy(cfg, state, obs_space, act_space, str(run_dir / ckpt.CHECKPOINT), recorded)
 
 
 def load_policies(run_dir: str | Path) -> dict[str, Policy]:

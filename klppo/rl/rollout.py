@@ -180,7 +180,17 @@ class Collector:
                 "ep_length": self.ep_length.copy(), "runner": self.runner.state_dict()}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.next_obs = np.array(s["next_obs"], dtype=np.float32)
-        self.ep_return = np.array(s["ep_return"])
-        self.ep_length = np.array(s["ep_length"])
+        """Restore; ValueError naming the part whose shape or values do not fit the run (a
+        forged or damaged checkpoint is refused here, not iterations later)."""
+        next_obs = np.array(s["next_obs"], dtype=np.float32)
+        ep_return, ep_length = np.array(s["ep_return"]), np.array(s["ep_length"])
+        if next_obs.shape != (self.N, self.obs_dim):
+            raise ValueError(f"collector.next_obs has shape {list(next_obs.shape)}, the run's "
+                             f"envs give [{self.N}, {self.obs_dim}]")
+        if ep_return.shape != (self.N,) or ep_length.shape != (self.N,) or \
+                not np.issubdtype(ep_length.dtype, np.integer) or (ep_length < 0).any():
+            raise ValueError(f"collector.ep_return / ep_length: shapes {list(ep_return.shape)} / "
+                             f"{list(ep_length.shape)}, must be [{self.N}] (lengths whole "
+                             f"and >= 0)")
+        self.next_obs, self.ep_return, self.ep_length = next_obs, ep_return, ep_length
         self.runner.load_state_dict(s["runner"])

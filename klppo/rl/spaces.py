@@ -25,6 +25,9 @@ from klppo.runs.rundir import write_json_atomic
 __all__ = ["SPACES", "space_to_json", "space_from_json", "write_spaces", "read_spaces"]
 
 SPACES = "spaces.json"
+#: the most values a saved space may hold (an observation's size, or Discrete's n): larger ones
+#: are not a space klppo trained, and are refused before anything is allocated
+MAX_VALUES = 1_000_000
 
 _DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
            "uint16", "uint32", "uint64", "bool")
@@ -52,8 +55,10 @@ def _floats(values: Any, size: int, where: str) -> np.ndarray:
         raise CheckpointError(f"{where}: a bound must be a list of {size} numbers")
     out = []
     for v in values:
-        if isinstance(v, str) and v in ("inf", "-inf", "nan"):
+        if isinstance(v, str) and v in ("inf", "-inf"):
             out.append(float(v))
+        elif isinstance(v, float) and math.isnan(v) or v == "nan":
+            raise CheckpointError(f"{where}: a bound is NaN (klppo writes numbers or +-inf)")
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             out.append(float(v))
         else:
@@ -71,6 +76,9 @@ def space_from_json(d: Any, where: str) -> spaces.Space:
         if not (isinstance(n, int) and not isinstance(n, bool)
                 and isinstance(start, int) and not isinstance(start, bool)) or n < 1:
             raise CheckpointError(f"{where}: Discrete needs integers n >= 1 and start")
+        if n > MAX_VALUES or start != 0:
+            raise CheckpointError(f"{where}: Discrete(n={n}, start={start}): klppo trains "
+                                  f"actions 0 .. n - 1 with n at most {MAX_VALUES:,}")
         return spaces.Discrete(n, start=start)
     shape, dtype = d.get("shape"), d.get("dtype")
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool)
@@ -78,8 +86,13 @@ def space_from_json(d: Any, where: str) -> spaces.Space:
         raise CheckpointError(f"{where}: Box shape {shape!r} is not a list of sizes")
     if dtype not in _DTYPES:
         raise CheckpointError(f"{where}: Box dtype {dtype!r} is not one of {list(_DTYPES)}")
-    size = int(np.prod(shape))
+    size = math.prod(shape)
+    if not 1 <= size <= MAX_VALUES:
+        raise CheckpointError(f"{where}: Box shape {shape} holds {size:,} values; klppo's "
+                              f"networks take 1 to {MAX_VALUES:,}")
     low, high = (_floats(d.get(k), size, where).reshape(shape) for k in ("low", "high"))
+    if (low > high).any():
+        raise CheckpointError(f"{where}: a lower bound exceeds its upper bound")
     return spaces.Box(low.astype(dtype), high.astype(dtype), shape=tuple(shape), dtype=dtype)
 
 

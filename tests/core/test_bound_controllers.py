@@ -218,3 +218,21 @@ def test_the_sorted_profile_equals_the_direct_sums_on_and_off_the_grid():
             assert n[j] == pytest.approx(s.contributions(lo, 2.0)[1], rel=1e-12, abs=1e-12)
         for i, hi in enumerate(c._highs):
             assert p[i] == pytest.approx(s.contributions(0.7, hi)[0], rel=1e-12, abs=1e-12)
+
+
+def test_a_step_that_makes_too_many_bounds_is_refused_before_they_are_made():
+    """(issue #32) A step of 1e-12 over BAPO's range would build 1.8e12 bounds (memory grows
+    without a word): refused, naming the step, in a moment."""
+    import time
+
+    from klppo.core.bound_controllers import MAX_GRID
+
+    t = time.perf_counter()
+    for kw, name in (({"step_high": 1e-12}, "step_high=1e-12"),
+                     ({"high": (1.2, 1e15)}, "step_high=0.05"),
+                     ({"step_low": 1e-9}, "step_low=1e-09")):
+        with pytest.raises(ValueError, match=f"{name}: makes .* at most {MAX_GRID:,}"):
+            BAPOController(**kw)
+    assert time.perf_counter() - t < 1.0
+    c = BAPOController(high=(1.2, 1.2 + 0.05 * (MAX_GRID - 1)))  # the largest allowed
+    assert len(c._highs) == MAX_GRID

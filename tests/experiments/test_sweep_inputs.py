@@ -318,3 +318,19 @@ def test_a_run_stopped_while_building_its_envs_is_interrupted_not_failed(tmp_pat
     job.stop_level = 0  # not asked to stop: a failed start is a failure
     R.write_status(tmp_path, "failed", error="cannot start: EnvError: boom", iteration=0)
     assert L.outcome(job, 1)["state"] == "failed"
+
+
+def test_a_runs_path_that_is_a_file_is_refused_before_anything_is_written(tmp_path):
+    """(issue #32) ``OUT/runs`` a file: one line naming it, no spec.yaml or .lock left."""
+    from klppo.experiments.sweep import SweepSpec, run_sweep
+    from klppo.runs.errors import ConfigError
+
+    out = tmp_path / "sw"
+    out.mkdir()
+    (out / "runs").write_text("not a directory")
+    spec = SweepSpec(preset="klip/cartpole", base={"total_steps": 1024}, seeds=[0],
+                     conditions={"clip": {"objective": "clip"}})
+    with pytest.raises(ConfigError, match="its 'runs' is a file") as e:
+        run_sweep(spec, out)
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in out.iterdir()) == ["runs"]

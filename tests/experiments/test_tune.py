@@ -3,7 +3,6 @@ run directory scored by the final-return protocol, pruning, resuming a stopped s
 specs refused in one line before any directory is made."""
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from klppo.experiments.tune_spec import TuneSpec, load_tune_spec  # noqa: E402
 from klppo.report.load import load_runs  # noqa: E402
 from klppo.runs.metrics import read_metrics  # noqa: E402
 from klppo.runs.protocol import final_return  # noqa: E402
+from tests.signalguard import send_self  # noqa: E402
 
 SPACE = {"ppo.lr": {"low": 1e-4, "high": 3e-3, "log": True},
          "ppo.update_epochs": {"low": 2, "high": 6},
@@ -70,7 +70,7 @@ def test_a_stopped_study_resumes_its_running_trial_exactly_and_runs_the_rest(tmp
     def stop_in_trial_1(m):
         seen["n"] += 1
         if seen["n"] == 8:  # trial 0 has 6 iterations: this is trial 1's second
-            os.kill(os.getpid(), signal.SIGINT)
+            send_self(signal.SIGINT)
 
     spec = tiny(pruner="none")
     first = run_tune(spec, tmp_path / "t", on_iteration=stop_in_trial_1)
@@ -181,3 +181,55 @@ def test_sigint_of_a_real_klppo_tune_exits_130_and_the_same_command_finishes(tmp
     again = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "[trial 0 1/1] complete" in again.stdout
+
+
+def _spec_file(tmp_path, **kw):
+    d = {"preset": "klip/cartpole", "base": {"total_steps": 1024, "tensorboard": False},
+         "space": {"ppo.minibatch_size": {"low": 32, "high": 512}}, "trials": 3,
+         "pruner": "none", **kw}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def test_invalid_draws_are_invalid_trials_said_once_and_never_exit_1(tmp_path, capsys):
+    """A minibatch size must divide the rollout (512): most of 32..512 cannot. The space's
+    problem is said once, at the start; each such draw is an ``invalid`` trial with its reason
+    and no run directory; a study of only invalid draws exits 2 (the space, not a run), and a
+    study with valid trials ends 0."""
+    out = tmp_path / "study"
+    assert main(["tune", "--spec", str(_spec_file(tmp_path)), "--out", str(out)]) == 2
+    text = capsys.readouterr().out
+    assert text.count("tune: note: space.ppo.minibatch_size: 476 of the 481 values checked "
+                      "are invalid (e.g. ppo.minibatch_size=33: must divide") == 1
+    index = json.loads((out / "index.json").read_text())
+    assert [t["state"] for t in index["trials"]] == ["invalid"] * 3
+    assert all("must divide the rollout size" in t["error"] for t in index["trials"])
+    assert not list((out / "runs").iterdir())
+    assert "every trial was an invalid draw" in text
+    some = {"ppo.minibatch_size": {"low": 64, "high": 512, "step": 64}}  # 4 of 8 divide 512
+    out2 = tmp_path / "study2"
+    assert main(["tune", "--spec", str(_spec_file(tmp_path, space=some, sampler="random",
+                                                  trials=6)), "--out", str(out2)]) == 0
+    assert "4 of the 8 values checked are invalid" in capsys.readouterr().out
+    states = [t["state"] for t in json.loads((out2 / "index.json").read_text())["trials"]]
+    assert "complete" in states and "invalid" in states and "fail" not in states
+
+
+def test_a_space_with_no_valid_value_and_a_damaged_journal_are_one_line(tmp_path, capsys):
+    bad_choice = {"ppo.minibatch_size": {"choices": [64, 65]}}  # an explicit invalid value
+    assert main(["tune", "--spec", str(_spec_file(tmp_path, space=bad_choice)), "--out",
+                 str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ppo.minibatch_size=65: must divide" in err[0]
+    assert not (tmp_path / "none").exists()
+    out = tmp_path / "study"
+    main(["tune", "--spec", str(_spec_file(tmp_path)), "--out", str(out)])
+    capsys.readouterr()
+    with open(out / "study.journal", "a") as f:
+        f.write('{"broken\n')
+    assert main(["tune", "--spec", str(_spec_file(tmp_path)), "--out", str(out),
+                 "--trials", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{out / 'study.journal'}: cannot be read as Optuna's journal" \
+        in err[0]

@@ -70,7 +70,13 @@ def test_another_trl_line_is_refused(grpo, monkeypatch):
 def test_unknown_trainers_and_overrides_are_refused(grpo, lm_dir, tmp_path):
     from trl import GRPOTrainer
 
+    from klppo.runs.errors import UserInputError
+
     _refused(object(), r"trainer=object: not a trainer .* GRPOTrainer, RLOOTrainer")
+    _refused(42, r"trainer=int: not a trainer")
+    # a controller that is neither a name nor a klppo controller (issue #32): klppo's error
+    with pytest.raises(UserInputError, match=r"controller=42: must be a klppo KLController"):
+        attach(grpo, 42, unit="per_token_mean")
 
     class MyGRPO(GRPOTrainer):
         def _compute_loss(self, model, inputs):  # e.g. a custom KL term

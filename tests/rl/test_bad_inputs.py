@@ -148,6 +148,26 @@ FLAGS = {
                              "action space MultiDiscrete([2 3]) is not Discrete or Box"),
     "env_constructor_fails": (["--env", "tests.rl.envs_for_tests:KlppoTest/Unbuildable-v0"],
                               "cannot be created (RuntimeError: cannot open the simulator"),
+    # values accepted before that meant nothing (issue #32): each field's domain
+    "eps_one_or_more": (["--ppo.eps", "1.5"], "ppo.eps=1.5: must be in (0, 1)"),
+    "eps_low_one": (["--ppo.eps-low", "1.0"], "ppo.eps_low=1.0: must be in (0, 1)"),
+    "dppo_tv_delta_above_one": (["--objective", "dppo_tv", "--ppo.delta", "2"],
+                                "ppo.delta=2.0: dppo_tv bounds a total-variation distance"),
+    "sapo_temperature_huge": (["--objective", "sapo", "--ppo.tau-pos", "1e300"],
+                              "ppo.tau_pos=1e+300: must be in (0, 100]"),
+    "log_std_init_huge": (["--net.log-std-init", "1e6"], "net.log_std_init=1000000.0"),
+    "max_episode_steps_negative": (["--env-kwargs", "{max_episode_steps: -1}"],
+                                   "env_kwargs.max_episode_steps=-1"),
+    "render_mode_in_training": (["--env-kwargs", "{render_mode: human}"],
+                                "env_kwargs.render_mode='human'"),
+    "envpool_threads_without_envpool": (["--envpool-threads", "2"], "envpool_threads=2"),
+    # sizes bounded before anything is allocated (issue #32)
+    "bapo_grid_huge": (["--ppo.band-controller", "bapo", "--ppo.bapo-step-high", "1e-12"],
+                       "ppo.bapo_step_high=1e-12: makes 1,800,000,000,001 bounds"),
+    "bapo_range_huge": (["--ppo.band-controller", "bapo", "--ppo.bapo-high", "1.2", "1e15"],
+                        "bounds over (1.2, 1e+15); at most 10,000"),
+    "envpool_threads_huge": (["--rollout.env-backend", "envpool", "--envpool-threads",
+                              "100000"], "envpool_threads=100000"),
 }
 
 #: a "billion laughs" document: 9 levels of 9 aliases (9**8 strings once expanded)

@@ -63,7 +63,7 @@ CASES = [
      ["checkpoint.pt", "does not fit the run's config.yaml", "net.hidden [64, 64]",
       "actor.0.weight is [32, 4] in the checkpoint, [64, 4] in the network"]),
     ("another-runs-env", _copy_from("acrobot"), [],
-     ["checkpoint.pt", "env CartPole-v1", "actor.0.weight is [64, 6] in the checkpoint"]),
+     ["checkpoint.pt", "spaces.json", "env CartPole-v1", "network takes 6"]),
     ("parameter-missing", _agent(lambda a: {k: v for k, v in a.items()
                                             if k != "critic.0.bias"}), [],
      ["checkpoint.pt", "parameters missing ['critic.0.bias']"]),

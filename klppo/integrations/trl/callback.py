@@ -24,6 +24,7 @@ from klppo.integrations.trl.trainers import (
     resolve,
     to_unit,
 )
+from klppo.runs.typecheck import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,10 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str,
 def _controller(trainer: Any, spec: TrainerKL, controller: KLController | str,
                 options: dict[str, Any]) -> KLController:
     beta = float(getattr(trainer, spec.beta_attr))
+    if not isinstance(controller, (str, KLController)):
+        raise TRLIntegrationError(
+            f"controller={short_repr(controller)}: must be a klppo KLController or a controller "
+            f"name (fixed, step, proportional, exponential, pid)")
     if isinstance(controller, str):
         try:
             ctrl = make_controller(controller, **{"beta": beta, **options})  # type: ignore[arg-type]

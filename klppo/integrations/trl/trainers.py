@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from klppo.runs.errors import UserInputError
+
 __all__ = ["TRLIntegrationError", "TrainerKL", "TRAINERS", "TESTED_TRL", "UNITS", "KLUnitTRL",
            "check_trl_version", "resolve", "conversion_problem", "to_unit"]
 
@@ -32,7 +34,7 @@ UNITS: tuple[str, ...] = ("per_token_mean", "per_sequence_sum")
 TESTED_TRL = "1.16"
 
 
-class TRLIntegrationError(ValueError):
+class TRLIntegrationError(UserInputError):
     """A trainer, TRL version or setting the integration cannot drive (raised at attach time)."""
 
 

@@ -20,7 +20,7 @@ import torch
 from klppo.core.kl import k3
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.distributions import CategoricalHead
-from klppo.rl.optim import flat_adam_state
+from klppo.rl.optim import check_adam_state, flat_adam_state
 
 __all__ = ["Layout", "RowSlot", "NetShape", "Minibatch", "TERMS"]
 
@@ -110,7 +110,8 @@ class RowSlot:
         return self.stack.adam.row_state(self.row)
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.stack.adam.load_row(self.row, flat_adam_state(s))
+        self.stack.adam.load_row(self.row, check_adam_state(flat_adam_state(s),
+                                                            int(self.stack.W.shape[1])))
 
     def _params(self, idx: torch.Tensor) -> tuple[torch.Tensor, Any, torch.Tensor]:
         b, idx = self.batch, idx.to(self.device)

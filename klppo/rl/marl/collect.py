@@ -85,8 +85,14 @@ class Slot:
                 "runner": self.runner.state_dict()}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
-        self.next_obs = np.array(s["next_obs"], dtype=np.float32)
-        self.ep_return = np.array(s["ep_return"])
+        """Restore; ValueError naming the part that does not fit this policy's columns."""
+        next_obs = np.array(s["next_obs"], dtype=np.float32)
+        ep_return = np.array(s["ep_return"])
+        if next_obs.shape != (self.N, self.unit.obs_dim) or ep_return.shape != (self.N,):
+            raise ValueError(f"policy {self.name}: next_obs / ep_return have shapes "
+                             f"{list(next_obs.shape)} / {list(ep_return.shape)}, its columns "
+                             f"[{self.N}, {self.unit.obs_dim}] / [{self.N}]")
+        self.next_obs, self.ep_return = next_obs, ep_return
         self.runner.load_state_dict(s["runner"])
 
 
