@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= dev
+EXTRAS ?= dev,tensorboard
 
 .PHONY: venv demo demo-table test test-all lint api bench rlhf clean
 

@@ -27,3 +27,5 @@ settings.register_profile(
 )
 settings.register_profile("nodb", max_examples=200, deadline=None, database=None)
 settings.load_profile(os.environ.get("KLPPO_HYPOTHESIS_PROFILE", "default"))
+
+pytest_plugins = ["tests.signalguard"]

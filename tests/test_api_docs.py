@@ -32,3 +32,18 @@ def test_the_api_reference_builds(tmp_path, capsys):
     page = " ".join(re.sub(r"<[^>]+>", "", html).split())
     assert "deterministic: bool = False" in page and "Stable-Baselines3" in page
     assert (tmp_path / "api" / "klppo" / "core" / "kl.html").exists()
+
+
+def test_an_integration_whose_extra_is_missing_is_left_out_not_fatal(monkeypatch):
+    """(issue #31) With the docs extra but not torchrl, `make api` stopped on the TorchRL
+    integration's own ImportError ("needs TorchRL"): it is left out and named instead."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "torchrl" or m.startswith("torchrl.")
+                 or m.startswith("klppo.integrations.torchrl")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchrl", None)  # `import torchrl` fails, as uninstalled
+    found, missing = _tool().modules()
+    assert not any(m.startswith("klppo.integrations.torchrl") for m in found)
+    assert any(m.startswith("klppo.integrations.torchrl") for m in missing)
+    assert "klppo.core.kl" in found

@@ -42,6 +42,11 @@ def modules() -> tuple[list[str], list[str]]:
                     raise
                 missing.append(f"{name} (needs {e.name})")
                 continue
+            except ImportError as e:  # an integration's own refusal: its extra is missing
+                if not name.startswith("klppo.integrations."):
+                    raise
+                missing.append(f"{name} ({' '.join(str(e).split())[:100]})")
+                continue
             found.append(name)
     return found, missing
 

@@ -39,7 +39,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("klppo demo: the KLip-PPO four-way comparison on CartPole-v1 (klip/cartpole, "
               f"100k steps, seeds {spec.seeds}): clip, per_sample_kl, fixed-beta and "
               "adaptive-beta kl_penalty", flush=True)
-        code = run_and_summarise(spec, args.out, "local", args.workers)
+        code = run_and_summarise(spec, args.out, "local", args.workers, table=False)
     except REPORTED as e:
         return fail("demo", e)
     if code in (BAD_INPUT, INTERRUPTED) or code > 128:  # stopped: no report

@@ -11,6 +11,7 @@ from klppo.cli.errors import REPORTED, FlagError, fail, one_line
 from klppo.cli.flags import Once, name_arg, path_arg, yaml_value
 from klppo.cli.progress import Bar, Part, clock
 from klppo.runs.errors import InputError
+from klppo.runs.owned import container_reason
 
 if TYPE_CHECKING:
     from klppo.experiments.batching import Engine
@@ -122,7 +123,8 @@ def spec_from_args(args: argparse.Namespace):
 def check_run_flags(workers: int | None, out: str, max_runs: int | None = None,
                     group_size: int | None = None, engine: str | None = None) -> None:
     """FlagError for a worker count, run limit or group size below 1, a group size without the
-    batched engine, or an --out that is a file."""
+    batched engine, or an --out that is a file or where the sweep's files would land on what
+    a run or study owns."""
     if workers is not None and workers < 1:
         raise FlagError(f"--workers={workers}: must be >= 1 (parallel runs)")
     if group_size is not None and group_size < 1:
@@ -131,6 +133,9 @@ def check_run_flags(workers: int | None, out: str, max_runs: int | None = None,
         raise FlagError(f"--group-size={group_size}: applies to --engine batched only")
     if max_runs is not None and max_runs < 1:
         raise FlagError(f"--max-runs={max_runs}: must be >= 1")
+    owned = container_reason(out, "sweep")
+    if owned is not None:  # a run's or study's file or folder: never written
+        raise FlagError(owned)
     if Path(out).exists() and not Path(out).is_dir():
         raise FlagError(f"--out={out!r}: exists and is not a directory")
 
@@ -201,8 +206,10 @@ def _summary(res, out: str) -> int:
 
 def run_and_summarise(spec, out: str, backend: Backend, workers: int | None,
                       max_runs: int | None = None, engine: Engine | None = None,
-                      group_size: int | None = None) -> int:
-    """Run the sweep ``spec`` into ``out`` with a line per run; :func:`_summary`'s exit code."""
+                      group_size: int | None = None, table: bool = True) -> int:
+    """Run the sweep ``spec`` into ``out`` with a line per run; :func:`_summary`'s exit code.
+    ``table``: end with the final returns of the sweep's finished runs (``klppo report``'s
+    table)."""
     from klppo.experiments.sweep import (
         MAX_RUNS,
         check_envs,
@@ -230,7 +237,19 @@ def run_and_summarise(spec, out: str, backend: Backend, workers: int | None,
                         max_runs=limit, engine=engine, group_size=group_size)
     finally:
         progress.close()
+    if table and res.finished and res.stop_signal is None:
+        _table(out)
     return _summary(res, out)
+
+
+def _table(out: str) -> None:
+    """The final-return table of the finished runs under ``out`` (what ``klppo report``
+    writes to final_returns.md), and how to make the report."""
+    from klppo.report import final_returns, format_table
+
+    print()
+    print(format_table(final_returns([out], finished_only=True)))
+    print(f"\nfigures and the comparison: klppo report {out} --out REPORT_DIR\n", flush=True)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -221,10 +221,26 @@ def _start(cfg):
 
     if isinstance(cfg, (str, Resume)):
         run_dir, total = (cfg, None) if isinstance(cfg, str) else (cfg.run_dir, cfg.total_steps)
-        with _progress(plan_resume(run_dir, total)) as progress:
+        plan = plan_resume(run_dir, total)
+        print(_resuming(run_dir, plan.num_iterations), flush=True)
+        with _progress(plan) as progress:
             return resume(run_dir, on_iteration=progress, total_steps=total)
     with _progress(cfg) as progress:
         return train(cfg, on_iteration=progress)
+
+
+def _resuming(run_dir: str, iterations: int) -> str:
+    """``resuming RUN from iteration K of N`` (K: the checkpoint's, from ``status.json``)."""
+    from pathlib import Path
+
+    from klppo.runs.rundir import read_status
+
+    try:
+        done = (read_status(Path(run_dir)) or {}).get("checkpoint_iteration")
+    except (OSError, ValueError):  # the resume itself names a damaged status.json
+        done = None
+    at = f"iteration {done:,}" if isinstance(done, int) and done >= 0 else "its checkpoint"
+    return f"resuming {run_dir} from {at} of {iterations:,}"
 
 
 def _report(result, numeric: NumericWarnings) -> int:
@@ -232,7 +248,9 @@ def _report(result, numeric: NumericWarnings) -> int:
         print(f"klppo train: warning:{numeric.suffix()}", file=sys.stderr)
     print(f"run directory: {result.run_dir}")
     per_policy = result.final_returns()
-    if per_policy:
+    if result.status == "interrupted":  # no final return: the run is not finished
+        print("status: interrupted (not finished: its return so far is in metrics.jsonl)")
+    elif per_policy:
         text = ", ".join(f"{p} {r:.2f}" for p, r in per_policy.items())
         print(f"status: {result.status}; final return per policy (last 10% of steps): {text}")
     else:

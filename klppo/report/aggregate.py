@@ -7,7 +7,7 @@ Scores are matrices of shape ``(runs, tasks)``: ``scores[n, m]`` is run (seed) `
 ``rliable.library``), written with numpy and scipy:
 
 * IQM: ``scipy.stats.trim_mean(scores, 0.25, axis=None)``, the mean of the middle 50% of all
-  scores (with 3 seeds nothing is trimmed: the IQM is the mean);
+  scores (below 4 seeds nothing is trimmed: the IQM is the mean; :func:`iqm_note` says so);
 * stratified bootstrap: each replicate draws, for each task separately, as many runs as it
   has, with replacement; a percentile interval over the replicates;
 * score distribution at ``tau``: the share of runs (averaged over tasks) whose score is above
@@ -26,16 +26,19 @@ these functions against ``rliable.metrics`` where it is installed and against sl
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 from scipy import stats as sps
 
-__all__ = ["as_matrix", "scaled", "iqm", "stratified_indices", "bootstrap_ci",
+__all__ = ["as_matrix", "scaled", "iqm", "iqm_note", "TRIM", "stratified_indices", "bootstrap_ci",
            "score_distribution", "performance_profile", "probability_of_improvement",
            "improvement_ci", "REPS"]
 
 #: bootstrap replicates (rliable's profile default; its interval default is 50,000)
 REPS = 2000
+#: the share of scores the IQM leaves out at each end
+TRIM = 0.25
 
 
 def as_matrix(scores) -> np.ndarray:
@@ -54,7 +57,7 @@ def scaled(x: np.ndarray) -> tuple[np.ndarray, float]:
 def iqm(scores) -> float:
     """Interquartile mean over all runs and tasks (rliable's ``aggregate_iqm``)."""
     x, s = scaled(as_matrix(scores))
-    return float(sps.trim_mean(x, 0.25, axis=None)) * s
+    return float(sps.trim_mean(x, TRIM, axis=None)) * s
 
 
 def stratified_indices(n_runs: int, n_tasks: int, reps: int,
@@ -77,7 +80,7 @@ def bootstrap_ci(scores, reps: int = REPS, seed: int = 0,
     x, s = scaled(as_matrix(scores))
     if x.size == 0:
         return math.nan, math.nan
-    values = sps.trim_mean(_replicates(x, reps, seed), 0.25, axis=1)
+    values = sps.trim_mean(_replicates(x, reps, seed), TRIM, axis=1)
     lo, hi = np.percentile(values, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
     return float(lo) * s, float(hi) * s
 
@@ -127,3 +130,25 @@ def improvement_ci(scores_x, scores_y, reps: int = REPS, seed: int = 0,
     values = _u_share(bx, by).mean(axis=1)
     lo, hi = np.percentile(values, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
     return float(lo), float(hi)
+
+
+def iqm_note(sizes: Iterable[int]) -> str:
+    """One sentence on what the IQM and its interval mean for ``sizes`` (seeds per condition):
+    what is trimmed (``int(TRIM * n)`` scores at each end, nothing below 4 seeds) and how
+    far the bootstrap can be trusted."""
+    ns = sorted(set(sizes))
+    if not ns:
+        return ""
+    span = str(ns[0]) if len(ns) == 1 else f"{ns[0]} to {ns[-1]}"
+    head = f"With {span} seed{'s' if ns != [1] else ''} per condition"
+    if ns[-1] == 1:
+        return f"{head} the IQM is that run's return and the intervals have no width."
+    cut = sorted({int(TRIM * n) for n in ns})
+    if cut == [0]:
+        trim = "nothing is trimmed: the IQM is the mean"
+    else:
+        each = " or ".join(str(k) for k in cut)
+        trim = f"the IQM leaves out the {each} lowest and highest returns of a condition"
+    wide = " and the intervals are wide" if ns[0] < 10 else ""
+    return f"{head} {trim}{wide}."
+

@@ -192,6 +192,17 @@ def _summaries(env: str, rs: list[Run], notes: list[str]) -> list[Summary]:
             sorted(by_cond.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
 
 
+def final_returns(paths: list[str | Path], finished_only: bool = False) -> list[Summary]:
+    """The table of a report (final return per env and condition over seeds) for the runs
+    under ``paths``, writing nothing; empty when no run can be read."""
+    runs = load_runs(paths, finished_only).runs
+    by_env: dict[str, list[Run]] = defaultdict(list)
+    for r in assign_axes(units(runs)):
+        by_env[r.env].append(r)
+    notes: list[str] = []
+    return [s for env, rs in sorted(by_env.items()) for s in _summaries(env, rs, notes)]
+
+
 #: what a report writes into its directory
 REPORT_FILES = ("report.html", "final_returns.md", "final_returns.csv", "equivalence.md",
                 "equivalence.csv", "aggregates.md", "figures")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from klppo.report.aggregate import iqm_note
 from klppo.report.compare import comparison_html
 
 __all__ = ["render_html", "img_tag", "CSS"]
@@ -107,7 +108,7 @@ def _comparisons(comparisons, figures) -> list[str]:
              "interquartile mean (IQM) with a stratified bootstrap 95% CI, the performance "
              "profile (share of runs whose final return is above tau) and the probability "
              "that a run of one condition ends above a run of another (Agarwal et al. 2021). "
-             "With 3 seeds the IQM is the mean and the intervals are wide.</p>"]
+             + e(iqm_note(len(v) for c in comparisons for v in c.scores.values())) + "</p>"]
     for c, (caption, path) in zip(comparisons, figures):
         who = f" / policy {c.policy}" if c.policy is not None else ""
         parts.append(f"<figure>{img_tag(path)}<figcaption>{e(caption)}</figcaption></figure>")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import traceback
 from collections.abc import Callable
@@ -187,6 +188,14 @@ class _Trainer(RunTrainer):
                 **episode_means(episodes.returns, episodes.lengths), "lr": lr, **reports[""]}
 
 
+@functools.cache
+def _no_tensorboard() -> None:
+    """Warn once per process (not once per run of a group or sweep) that no events are
+    written."""
+    log.warning("tensorboard is not installed: no TensorBoard events (pip install "
+                "'klppo[tensorboard]'; --no-tensorboard silences this)")
+
+
 def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
     """metrics.jsonl, and the dashboards with the config as hyperparameters."""
     sinks: list[M.Sink] = [M.JsonlSink(run_dir / "metrics.jsonl")]
@@ -194,8 +203,7 @@ def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:
         try:
             sinks.append(M.TensorBoardSink(run_dir, to_dict(cfg), cfg.metric_names))
         except ImportError:
-            log.warning("tensorboard is not installed: no TensorBoard events (pip install "
-                        "'klppo[tensorboard]'; --no-tensorboard silences this)")
+            _no_tensorboard()
     if cfg.track == "wandb":
         w = cfg.wandb
         sinks.append(M.WandbSink(run_dir, run_dir.name, to_dict(cfg),

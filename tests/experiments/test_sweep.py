@@ -75,6 +75,10 @@ def test_crash_isolation_and_summary(tmp_path, capsys):
                  "--workers", "2"]) == 1
     out = capsys.readouterr().out
     assert "1 finished, 0 interrupted, 2 failed, 0 not started" in out and "FAILED" in out
+    # the table of the finished runs (as klppo report writes it), and how to make the report
+    (row,) = [ln for ln in out.splitlines() if ln.startswith("| CartPole-v1 |")]
+    assert row.startswith("| CartPole-v1 | good | 1 |")
+    assert f"klppo report {tmp_path / 'sw'} --out REPORT_DIR" in out
     assert not any(state["good"].name in ln for ln in out.splitlines()
                    if ln.startswith("["))  # finished before: not rerun
     nan_line = next(ln for ln in out.splitlines() if ln.startswith("[") and "NaN" in ln)

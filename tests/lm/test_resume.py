@@ -21,6 +21,7 @@ from klppo.runs.metrics import read_metrics  # noqa: E402
 from klppo.runs.rundir import DirLock  # noqa: E402
 from tests.badinput import assert_one_line_error, run_main  # noqa: E402
 from tests.lm.conftest import TINY  # noqa: E402
+from tests.signalguard import send_self  # noqa: E402
 from tests.waiting import wait_for_lines  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +90,7 @@ def test_sigterm_stops_after_the_iteration_and_resume_is_exact(uninterrupted, ti
 
     def signal_self(m):
         if m["iteration"] == 4:
-            os.kill(os.getpid(), signal.SIGTERM)
+            send_self(signal.SIGTERM)
 
     res = rlhf(cfg(tiny_model_dir, run), reward=reward, on_iteration=signal_self)
     assert res.status == "interrupted" and len(res.metrics) == 4
@@ -104,8 +105,8 @@ def test_second_sigint_stops_at_once(tiny_model_dir, tmp_path):
 
     def twice(m):
         if m["iteration"] == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
+            send_self(signal.SIGINT)
+            send_self(signal.SIGINT)
 
     with pytest.raises(KeyboardInterrupt):
         rlhf(cfg(tiny_model_dir, run), reward=reward, on_iteration=twice)

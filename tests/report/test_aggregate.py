@@ -125,3 +125,21 @@ def test_returns_at_the_float_limit_are_never_inf_or_nan():
         assert all(math.isfinite(v) for v in (s.mean, s.std, s.iqm, s.ci_low, s.ci_high))
     assert mean_std(np.array([1e308, 1e308])) == (1e308, 0.0)
     assert mean_std(np.array([1.0, 3.0])) == (2.0, 1.0)
+
+
+@pytest.mark.parametrize("sizes, words", [
+    ([1, 1], "With 1 seed per condition the IQM is that run's return"),
+    ([3, 3], "With 3 seeds per condition nothing is trimmed: the IQM is the mean and the "
+             "intervals are wide."),
+    ([5, 5], "With 5 seeds per condition the IQM leaves out the 1 lowest and highest"),
+    ([2, 8], "With 2 to 8 seeds per condition the IQM leaves out the 0 or 2 lowest"),
+    ([12], "With 12 seeds per condition the IQM leaves out the 3 lowest and highest returns "
+           "of a condition."),
+])
+def test_the_iqm_note_is_computed_from_the_seed_counts(sizes, words):
+    note = A.iqm_note(sizes)
+    assert note.startswith(words)
+    for n in set(sizes):  # what it says is trimmed is what iqm trims
+        k = int(A.TRIM * n)
+        x = np.arange(n, dtype=float) ** 3
+        assert A.iqm(x) == pytest.approx(np.mean(np.sort(x)[k:n - k]))

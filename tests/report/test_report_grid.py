@@ -176,6 +176,12 @@ def test_the_aggregates_compare_every_condition(tmp_path):
     md = (tmp_path / "out" / "aggregates.md").read_text()
     assert "| clip__lr=0.003 | 3 |" in md and "P(row > column)" in md
     assert any("IQM" in cap for cap, _ in rep.figures)
+    assert "With 3 seeds per condition nothing is trimmed" in rep.html.read_text()
+    # the sentence follows the data: one seed fewer of one condition
+    one = load_runs([fake_sweep(tmp_path / "sw2", lrs=[0.001])]).runs
+    less = make_report([r.path for r in one if not (r.seed == 2 and "clip" in r.condition)],
+                       tmp_path / "out2")
+    assert "With 2 to 3 seeds per condition nothing" in less.html.read_text()
 
 
 @pytest.mark.parametrize("n", [1, 2])

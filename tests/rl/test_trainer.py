@@ -246,11 +246,19 @@ def test_ctrl_c_checkpoints_and_exits_cleanly(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err  # 128 + SIGINT, as a shell reports a Ctrl-C
     assert "status: interrupted" in out and f"klppo train --resume {run}" in out
+    assert "final return" not in out  # the run is not finished
     n = len(metrics.read_text().splitlines())
     assert n < 100
     ck = torch.load(run / "checkpoint.pt", weights_only=False)
     assert ck["iteration"] == n  # the checkpoint is of the last finished iteration
     assert json.loads((run / "status.json").read_text())["state"] == "interrupted"
+    # the resume says where it goes on from
+    done = subprocess.run([sys.executable, "-m", "klppo.cli", "train", "--resume", str(run),
+                           "--total-steps", str(512 * (n + 1))], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"resuming {run} from iteration {n:,} of {n + 1:,}" in done.stdout
+    assert "final return" in done.stdout
 
 
 def test_tensorboard_events_when_installed(tmp_path):
