@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev,tensorboard
 
-.PHONY: venv demo demo-table test test-all lint api bench rlhf clean
+.PHONY: venv demo demo-table test test-all lint api docs docs-check bench rlhf clean
 
 venv: $(STAMP)
 
@@ -44,6 +44,18 @@ api:
 	$(BIN)/python -c "import pdoc" 2>/dev/null || \
 		$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[docs]'
 	$(BIN)/python tools/build_api.py build/api
+
+# The documentation site (mkdocs-material, with the API reference above): build/site/index.html.
+# Warnings (a broken link, a missing anchor) are errors. docs-check opens every page in headless
+# Chromium (apt-get install chromium): each loads without errors, images render, links resolve.
+docs:
+	$(MAKE) venv
+	$(BIN)/python -c "import pdoc, mkdocs, material" 2>/dev/null || \
+		$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[docs]'
+	$(BIN)/python tools/build_docs.py
+
+docs-check: docs
+	$(BIN)/python tools/check_site.py build/site
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_losses.py

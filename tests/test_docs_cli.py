@@ -1,5 +1,7 @@
-"""The README works as written: each python block runs on its own, each `klppo ...` line in a
-bash block parses (the cheap ones run), and the files it names exist."""
+"""The README and the pages that teach (the guide, the tutorials, the install page) work as
+written: each python block runs on its own (in a directory where `runs/cp`, the tutorials'
+first run, exists when the block uses it), each `klppo ...` line in a bash block parses (the
+cheap ones run), and the files it names exist."""
 
 import re
 import shlex
@@ -10,7 +12,10 @@ import pytest
 from klppo.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+#: the Markdown whose code must run: the README and the pages that teach
+PAGES = [ROOT / "README.md", ROOT / "docs" / "guide.md", ROOT / "docs" / "install.md",
+         *sorted((ROOT / "docs" / "tutorials").glob("*.md"))]
+README = "\n".join(p.read_text() for p in PAGES)
 
 #: top-level modules of optional extras: a block that needs a missing one is skipped
 EXTRAS = {"transformers", "tokenizers", "vaderSentiment", "ray", "wandb", "mujoco", "Box2D",
@@ -61,6 +66,13 @@ def test_readme_has_blocks_and_commands():
 @pytest.mark.parametrize("code", PY_BLOCKS, ids=[f"block{i + 1}" for i in range(len(PY_BLOCKS))])
 def test_readme_python_block_runs_on_its_own(code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    if "runs/cp" in code:  # the tutorials' first run: `klppo train ... --out runs/cp`
+        import dataclasses
+
+        from klppo import rl
+
+        rl.train(dataclasses.replace(rl.preset("klip/cartpole"), total_steps=1024,
+                                     out="runs/cp", tensorboard=False))
     try:
         exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})  # a fresh namespace
     except ModuleNotFoundError as e:

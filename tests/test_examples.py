@@ -1,4 +1,5 @@
-"""The files in examples/ (the README's my.yaml, sweep.yaml and rlhf.yaml) work."""
+"""The files in examples/ (the guide's my.yaml, sweep.yaml and rlhf.yaml, the TRL tutorial's
+trl_minimal.py) work."""
 
 import dataclasses
 from pathlib import Path
@@ -102,3 +103,21 @@ def test_trl_grpo_adaptive_kl_tiny_writes_the_rlhf_report(tmp_path, capsys):
     assert all(f"| {arm} | 1 |" in summary for arm in arms)
     assert (tmp_path / "report" / "report.html").is_file()
     assert "report:" in capsys.readouterr().out
+
+
+def test_trl_minimal_drives_beta_with_a_controller(tmp_path):
+    """examples/trl_minimal.py as its docstring runs it (on a tiny local model): GRPO trains
+    8 steps and beta leaves its start, as the proportional rule moves it."""
+    pytest.importorskip("trl")
+    import subprocess
+    import sys
+
+    from tests.lm.conftest import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model")
+    done = subprocess.run([sys.executable, str(EXAMPLES / "trl_minimal.py"), str(model)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("beta after 8 steps: ")]
+    assert float(line.split(": ")[1].split()[0]) != 0.04
+

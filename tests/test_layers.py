@@ -1,4 +1,4 @@
-"""No import from a lower package to a higher one (docs/architecture in the README's layout):
+"""No import from a lower package to a higher one (docs/architecture.md):
 
 core -> nn -> rl, lm, integrations (siblings) -> experiments -> report -> cli. ``runs`` (run
 directories, files, metric sinks, signals, the final-return protocol) is plumbing that imports

@@ -75,8 +75,70 @@ def main(argv: list[str]) -> int:
     if absent:
         print(f"api: no page for {absent}", file=sys.stderr)
         return 1
-    print(f"api: {len(pages)} module pages -> {out / 'index.html'}")
+    unlinked = sum(unlink_missing_anchors(out / p) for p in pages)
+    write_index(out, public)
+    print(f"api: {len(pages)} module pages -> {out / 'index.html'} ({unlinked} links to "
+          f"members pdoc does not render made plain text)")
     return 0
+
+
+def unlink_missing_anchors(page: Path) -> int:
+    """pdoc links some names to members it does not render on the page (a private base class,
+    attributes inherited from TorchRL or Gymnasium): those links lead nowhere, so their text is
+    kept and the link dropped. Returns how many."""
+    import re
+
+    text = page.read_text()
+    ids = set(re.findall(r'\sid="([^"]+)"', text))
+    count = 0
+
+    def plain(m: re.Match) -> str:
+        nonlocal count
+        if m.group(1) in ids:
+            return m.group(0)
+        count += 1
+        return m.group(2)
+
+    text = re.sub(r'<a href="#([^"]+)"[^>]*>(.*?)</a>', plain, text, flags=re.S)
+    page.write_text(text)
+    return count
+
+
+def first_line(module: str) -> str:
+    """The first sentence-line of ``module``'s docstring (imported above)."""
+    import re
+
+    doc = (sys.modules[module].__doc__ or "").strip()
+    first = doc.split("\n\n")[0].replace("\n", " ") if doc else ""
+    first = re.sub(r":\w+:`~?([^`]+)`", r"\1", first)  # :class:`~a.B` -> a.B
+    return first.replace("``", "")
+
+
+def write_index(out: Path, public: list[str]) -> None:
+    """``out/index.html``: the module tree, a package per section, each module with the first
+    paragraph of its docstring (pdoc's own index would open on the top package's page, which
+    lists ``load`` and links to no module)."""
+    import html
+
+    e = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>klppo API reference"
+             "</title><style>body{font:15px/1.5 system-ui,sans-serif;max-width:60rem;"
+             "margin:2rem auto;padding:0 1rem}li{margin:.3rem 0}code{font-size:95%}"
+             "span{color:#555}</style></head><body><h1>klppo API reference</h1>"
+             "<p>Every public module, by package, from the docstrings "
+             "(<a href='klppo.html'>klppo</a>: <code>klppo.load</code>). The command line "
+             "documents itself: <code>klppo --help</code>.</p>"]
+    for pkg in PACKAGES:
+        mods = [m for m in public if m == pkg or m.startswith(pkg + ".")]
+        if not mods:
+            continue
+        parts.append(f"<h2><a href='{pkg.replace('.', '/')}.html'>{e(pkg)}</a></h2>"
+                     f"<p>{e(first_line(pkg))}</p><ul>")
+        for m in mods[1:] if mods[0] == pkg else mods:
+            parts.append(f"<li><a href='{m.replace('.', '/')}.html'><code>{e(m)}</code></a> "
+                         f"<span>{e(first_line(m))}</span></li>")
+        parts.append("</ul>")
+    (out / "index.html").write_text("".join(parts) + "</body></html>\n")
 
 
 if __name__ == "__main__":

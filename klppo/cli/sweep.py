@@ -237,9 +237,10 @@ def run_and_summarise(spec, out: str, backend: Backend, workers: int | None,
                         max_runs=limit, engine=engine, group_size=group_size)
     finally:
         progress.close()
+    code = _summary(res, out)
     if table and res.finished and res.stop_signal is None:
         _table(out)
-    return _summary(res, out)
+    return code
 
 
 def _table(out: str) -> None:
@@ -249,7 +250,7 @@ def _table(out: str) -> None:
 
     print()
     print(format_table(final_returns([out], finished_only=True)))
-    print(f"\nfigures and the comparison: klppo report {out} --out REPORT_DIR\n", flush=True)
+    print(f"\nfigures and the comparison: klppo report {out} --out REPORT_DIR", flush=True)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -9,14 +9,12 @@ per minibatch by the training loop (:mod:`klppo.rl.actuate`), which applies the 
 The KL fed to a rule is the analytic KL(pi_old || pi_current), nats per sample (per state, summed
 over action dimensions, averaged over the minibatch), in the unit of ``target``.
 
-==========  =========================================================================  ==========
-rule        update (d = observed KL, v = the lr or eps)                                when
-==========  =========================================================================  ==========
-rsl_rl      ``d > target * band: v = max(lower, v / factor)``;                          before the
-            ``elif d < target / band and d > 0: v = min(upper, v * factor)``           step
-rl_games    ``d > band * target: v = max(v / factor, lower)``;                         after the
-            ``d < target / band: v = min(v * factor, upper)``                          step
-==========  =========================================================================  ==========
+Each rule updates ``v`` (the lr or eps) from ``d``, the observed KL:
+
+* ``rsl_rl``, before the step: ``d > target * band: v = max(lower, v / factor)``;
+  ``elif d < target / band and d > 0: v = min(upper, v * factor)``;
+* ``rl_games``, after the step: ``d > band * target: v = max(v / factor, lower)``;
+  ``d < target / band: v = min(v * factor, upper)``.
 
 Defaults (``band`` 2, ``factor`` 1.5): rsl_rl ``desired_kl`` 0.01, lr in [1e-5, 1e-2]
 (rsl_rl/algorithms/ppo.py); rl_games ``kl_threshold`` 0.008, lr in [1e-6, 1e-2]

@@ -10,17 +10,17 @@ The observed KL passed to ``update`` must be in the same unit as ``target`` (per
 RL trust regions, per-sequence sum or per-token mean for RLHF); the controller cannot check this,
 so every caller names the unit.
 
-=============  ===============================================================================
-name           rule (d = observed KL)
-=============  ===============================================================================
-fixed          beta constant
-step           d > hi_band * target: beta *= increase; d < target / lo_band: beta *= decrease
-proportional   e = clip(d / target - 1, -clip, clip); beta *= 1 + e * n_steps / horizon
-exponential    beta *= exp(gain * (d - target))
-pid            delta = d - target; I = clamp(I + ki*delta, 0, beta_max);
-               D = max(0, d_s - d_s_prev); beta = max(0, kp*delta_s + I + kd*D)
-               (delta_s, d_s: optional EMAs of delta and d; beta then clamped as every rule)
-=============  ===============================================================================
+The rules (``d`` = the observed KL):
+
+* ``fixed``: beta constant;
+* ``step``: ``d > hi_band * target: beta *= increase``; ``d < target / lo_band: beta *=
+  decrease``;
+* ``proportional``: ``e = clip(d / target - 1, -clip, clip)``; ``beta *= 1 + e * n_steps /
+  horizon``;
+* ``exponential``: ``beta *= exp(gain * (d - target))``;
+* ``pid``: ``delta = d - target``; ``I = clamp(I + ki*delta, 0, beta_max)``;
+  ``D = max(0, d_s - d_s_prev)``; ``beta = max(0, kp*delta_s + I + kd*D)`` (``delta_s``,
+  ``d_s``: optional EMAs of delta and d; beta then clamped as every rule).
 """
 
 from __future__ import annotations

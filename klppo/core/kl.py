@@ -4,28 +4,22 @@ Notation: samples ``x ~ q`` (the *sampling* distribution) and ``p`` the other di
 ``log r = log p(x) - log q(x)``. Every sampled estimator below is a per-sample quantity whose mean
 estimates ``KL(q || p) = E_q[log q - log p]``:
 
-=======  ===================  ============================  ===============================
-name     per-sample value     bias                          variance / sign
-=======  ===================  ============================  ===============================
-``k1``   ``-log r``           unbiased                      high; negative on ~half
-``k2``   ``0.5 (log r)^2``    biased (agrees to 2nd order)  low; always >= 0
-``k3``   ``(r - 1) - log r``  unbiased                      low; >= 0 (r - 1: control var.)
-``abs``  ``|log r|``          biased (upwards)              low; always >= 0
-=======  ===================  ============================  ===============================
+| name | per-sample value | bias | variance / sign |
+|---|---|---|---|
+| ``k1`` | ``-log r`` | unbiased | high; negative on ~half |
+| ``k2`` | ``0.5 (log r)^2`` | biased (agrees to 2nd order) | low; always >= 0 |
+| ``k3`` | ``(r - 1) - log r`` | unbiased | low; >= 0 (r - 1: control variate) |
+| ``abs`` | ``abs(log r)`` | biased (upwards) | low; always >= 0 |
 
 Two more, for users reproducing peers (in the RLHF direction, ``d = log q - log p = -log r``,
 e.g. ``d = logp - logp_ref``); both are **not** estimates of ``KL(q || p)``:
 
-================  ==================  ================================================
-``k3_flipped``    ``e^d - 1 - d``     trlx's k3 with the ratio flipped. Its mean is
-                                      ``chi^2(q || p) - KL(q || p)``; >= 0
-``tutorial``      ``e^d d``           the adaptive-KL RLHF tutorial's estimator. Its
-                                      mean is ``E_q[(q/p) log(q/p)]``, heavily biased
-                                      upwards: for ``q = N(0, 1)``, ``p = N(0.5, 1)``
-                                      (KL 0.125) it is ``0.375 e^0.25 = 0.48``; for
-                                      ``p = N(2, 1)`` (KL 2) ``6 e^4 = 328``. It can be
-                                      negative on a sample.
-================  ==================  ================================================
+* ``k3_flipped``, ``e^d - 1 - d``: trlx's k3 with the ratio flipped. Its mean is
+  ``chi^2(q || p) - KL(q || p)``; >= 0.
+* ``tutorial``, ``e^d d``: the adaptive-KL RLHF tutorial's estimator. Its mean is
+  ``E_q[(q/p) log(q/p)]``, heavily biased upwards: for ``q = N(0, 1)``, ``p = N(0.5, 1)``
+  (KL 0.125) it is ``0.375 e^0.25 = 0.48``; for ``p = N(2, 1)`` (KL 2) ``6 e^4 = 328``. It
+  can be negative on a sample.
 
 Two uses in PPO, with the sampling side made explicit by the argument order of
 :func:`sampled_kl`:

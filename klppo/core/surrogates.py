@@ -11,19 +11,17 @@ PPO-Clip are provided and tested against each other:
 The per-sample template generalises the third form: any detached coefficient ``beta_t``, chosen
 by a *shape*. ``d`` is the signed distance to the harmful band edge (``d > 0`` exactly on kill).
 
-=============  ==========================================================================
-shape          beta_t
-=============  ==========================================================================
-clip           ``-w A * 1[d > 0]`` (exactly PPO-Clip's gradient)
-asymmetric     as clip with ``eps_low`` / ``eps_high`` (DAPO clip-higher: 0.2 / 0.28), and
-               optionally a linear ramp with ``softness_low`` / ``softness_high`` per side
-linear_ramp    ``-w A * clamp(d / s, 0, 1)``
-sigmoid        ``-w A * sigmoid(clamp(d / s - s, -60, 60))``
-soft_min       from the soft-min (temperature s, prior weight e^-s on the clipped branch)
-               of the |A|-normalised branches ``w sgn(A)`` and ``clip(w) sgn(A)``
-spo            ``-|A| w (w - 1) / eps`` on every sample (Xie et al. 2025)
-callable       ``f(ratio, advantage) -> beta_t`` supplied by the user (detached here)
-=============  ==========================================================================
+The shapes and their ``beta_t``:
+
+* ``clip``: ``-w A * 1[d > 0]`` (exactly PPO-Clip's gradient);
+* ``asymmetric``: as clip with ``eps_low`` / ``eps_high`` (DAPO clip-higher: 0.2 / 0.28), and
+  optionally a linear ramp with ``softness_low`` / ``softness_high`` per side;
+* ``linear_ramp``: ``-w A * clamp(d / s, 0, 1)``;
+* ``sigmoid``: ``-w A * sigmoid(clamp(d / s - s, -60, 60))``;
+* ``soft_min``: from the soft-min (temperature s, prior weight e^-s on the clipped branch) of
+  the abs(A)-normalised branches ``w sgn(A)`` and ``clip(w) sgn(A)``;
+* ``spo``: ``-abs(A) w (w - 1) / eps`` on every sample (Xie et al. 2025);
+* ``callable``: ``f(ratio, advantage) -> beta_t`` supplied by the user (detached here).
 
 Every soft shape gives the hard clip gradient as s -> 0 and the unclipped surrogate's as
 s -> inf. The spec's plain ``sigmoid(d / s)`` and plain soft-min tend to *half* the unclipped

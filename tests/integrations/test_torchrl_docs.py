@@ -1,4 +1,4 @@
-"""The README's TorchRL snippet runs (it is a ```py block, so the core README test, which needs
+"""The guide's TorchRL snippet runs (it is a ```py block, so the core docs test, which needs
 no TorchRL, leaves it out)."""
 
 import re
@@ -11,7 +11,7 @@ pytest.importorskip("torchrl")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_readme_torchrl_snippet_runs(capsys):
+def test_guide_torchrl_snippet_runs(capsys):
     """The snippet runs and does what its comments say: the KLip loss gives gradients and a
     kill fraction no larger than TorchRL's clip fraction (the kill set is part of the clipped
     set), KLPENPPOLoss leaves beta alone in forward and moves it on update_beta, and the PID
@@ -20,11 +20,11 @@ def test_readme_torchrl_snippet_runs(capsys):
 
     from klppo.core.controllers import PIDKL
 
-    src = (ROOT / "README.md").read_text()
-    section = src[src.index("### TorchRL users"):]
+    src = (ROOT / "docs" / "guide.md").read_text()
+    section = src[src.index("## TorchRL users"):]
     code = re.findall(r"```py\n(.*?)```", section, re.S)[0]
     ns: dict = {}
-    exec(compile(code, "README.md (TorchRL users)", "exec"), ns)
+    exec(compile(code, "docs/guide.md (TorchRL users)", "exec"), ns)
     clip_fraction, frac_kill, _ = (float(x) for x in re.findall(
         r"tensor\(([^,)]+)", capsys.readouterr().out))
     assert 0 <= frac_kill <= clip_fraction <= 1

@@ -7,9 +7,13 @@ def tiny_model_dir(tmp_path_factory):
     Hugging Face format: what `--model` points at in the lm tests (nothing is downloaded)."""
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_lm"))
+
+
+def make_tiny_model(d):
+    """:func:`tiny_model_dir`'s model and tokenizer, saved in ``d``; ``d``."""
     from klppo.lm.model import small_gpt2, train_tokenizer
 
-    d = tmp_path_factory.mktemp("tiny_lm")
     tok = train_tokenizer("Emma was happy. Mr. Knightley was not. " * 200, vocab_size=300)
     model = small_gpt2(len(tok), n_positions=160, n_embd=16, n_layer=1, n_head=2)
     model.save_pretrained(d)

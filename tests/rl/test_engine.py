@@ -270,6 +270,8 @@ def test_torch_stack_networks_train_in_a_group_as_alone(tmp_path, net):
 def test_multi_agent_runs_train_in_a_group_as_alone(tmp_path):
     """A multi-agent run's policies are rows (of two stacks here: their observations differ);
     two runs share the group and each equals itself alone."""
+    pytest.importorskip("mpe2")  # the marl extra
+
     def c(out, seed):
         x = rl.preset("marl/simple_adversary")
         return dataclasses.replace(x, out=str(out), seed=seed, total_steps=1600,

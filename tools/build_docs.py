@@ -1,0 +1,63 @@
+"""Build the documentation site: ``make docs`` -> build/site/index.html.
+
+Usage: ``python tools/build_docs.py`` (needs ``pip install -e '.[docs]'``). Assembles
+``build/docs-src`` from ``docs/`` and ``README.md`` (the home page, its ``docs/`` links made
+relative to the site), builds the API reference into ``build/docs-src/api`` with
+``tools/build_api.py`` (pdoc), then runs ``mkdocs build --strict`` (``mkdocs.yml``): a broken
+link, a missing anchor or a page outside the navigation that the navigation names is an error.
+Exits non-zero when any step fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "build" / "docs-src"
+
+
+def home_page(readme: str) -> str:
+    """README.md as the site's index.md: links into docs/ become site links."""
+    return re.sub(r"(\]\()docs/", r"\1", readme)
+
+
+def _build_api(out: Path) -> int:
+    spec = importlib.util.spec_from_file_location("build_api", ROOT / "tools" / "build_api.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return int(mod.main([str(out)]))
+
+
+def assemble(src: Path = SRC, api: bool = True) -> int:
+    """``src`` afresh: docs/, the home page and (``api``) the API reference."""
+    if src.exists():
+        shutil.rmtree(src)
+    shutil.copytree(ROOT / "docs", src)
+    (src / "index.md").write_text(home_page((ROOT / "README.md").read_text()))
+    return _build_api(src / "api") if api else 0
+
+
+def main(argv: list[str]) -> int:
+    api = "--no-api" not in argv
+    if assemble(api=api) != 0:
+        return 1
+    # not --quiet: mkdocs counts the warnings that --strict turns into errors from its log
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
+                           "-f", str(ROOT / "mkdocs.yml")], cwd=ROOT, env=env)
+    if done.returncode != 0:
+        print("docs: mkdocs build failed (warnings are errors)", file=sys.stderr)
+        return done.returncode
+    print(f"docs: {ROOT / 'build' / 'site' / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
