@@ -22,15 +22,13 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from klppo.report import aggregate as A  # noqa: E402
+from klppo.report.colours import PALETTE, condition_colours  # noqa: E402
 from klppo.report.curves import IDENTICAL_STYLE  # noqa: E402
 from klppo.report.stats import Summary  # noqa: E402
 
 __all__ = ["Comparison", "compare", "comparison_figure", "comparison_markdown",
            "comparison_html"]
 
-#: tab10's colours (RGB); get_cmap is typed as the Colormap base class, without ``colors``
-_COLOURS: tuple[tuple[float, float, float], ...] = (
-    plt.get_cmap("tab10").colors)  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -155,8 +153,8 @@ def comparison_figure(c: Comparison, base_of: dict[str, str], point_of: dict[str
     one panel per grid point (below). Colours are the learning curves' (one per base
     condition, ``base_of``); ``point_of`` gives each condition's grid point (``""``: none)."""
     conds = list(c.scores)
-    colour = {k: _COLOURS[bases.index(base_of.get(k, k)) % len(_COLOURS)
-                          if base_of.get(k, k) in bases else 0] for k in conds}
+    by_base = condition_colours(bases)
+    colour = {k: by_base.get(base_of.get(k, k), PALETTE[0]) for k in conds}
     points = list(dict.fromkeys(point_of.get(k, "") for k in conds))
     ncols = min(3, len(points))
     nrows = math.ceil(len(points) / ncols)

@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from klppo.report.colours import condition_colours  # noqa: E402
 from klppo.report.grid import base_condition, grid_point, point_label  # noqa: E402
 from klppo.report.load import Run  # noqa: E402
 from klppo.report.stats import curve_on_grid  # noqa: E402
@@ -31,9 +32,6 @@ __all__ = ["learning_curves", "identical_to", "auto_smooth", "smooth_values", "w
 #: how the second of two identical curves is drawn (over the first's wide solid line)
 IDENTICAL_STYLE: dict[str, Any] = {"ls": (0, (4, 3)), "lw": 1.4, "marker": "o", "ms": 3.5,
                                    "markevery": 16, "zorder": 4}
-#: tab10's colours (RGB); get_cmap is typed as the Colormap base class, without ``colors``
-_COLOURS: tuple[tuple[float, float, float], ...] = (
-    plt.get_cmap("tab10").colors)  # type: ignore[attr-defined]
 
 
 def _f(x) -> float:
@@ -142,7 +140,7 @@ def learning_curves(env: str, runs: list[Run], smooth: int = 1):
         points[grid_point(r)][base_condition(r)].append(r)
     order = sorted(points, key=_sortable)
     bases = sorted({base_condition(r) for r in runs})
-    colour = {b: _COLOURS[i % len(_COLOURS)] for i, b in enumerate(bases)}
+    colour = condition_colours(bases)
     last = max(r.metrics[-1]["global_step"] for r in runs)
     grid = np.linspace(0, last, 200)
     ncols = min(3, len(order))

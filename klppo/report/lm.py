@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
+from klppo.report.colours import condition_colours  # noqa: E402
 from klppo.report.curves import IDENTICAL_STYLE  # noqa: E402
 from klppo.report.figures import save  # noqa: E402
 from klppo.report.html import CSS, img_tag  # noqa: E402
@@ -61,6 +62,7 @@ def summarize_arm(arm: str, runs: list[list[dict]]) -> ArmSummary:
 def _curves(by_arm: dict[str, list[list[dict]]], key: str, title: str, ylabel: str, log=False,
             target=None, sparse=False):
     fig, ax = plt.subplots(figsize=(7, 3.4))
+    colour = condition_colours(by_arm)
     drawn: dict[str, tuple] = {}
     for arm, runs in sorted(by_arm.items()):
         xs = [r["episodes"] for r in runs[0] if key in r]
@@ -75,11 +77,12 @@ def _curves(by_arm: dict[str, list[list[dict]]], key: str, title: str, ylabel: s
                     None)
         drawn[arm] = (x, y)
         if twin is not None:  # drawn over its twin, dashed with markers: both stay visible
-            ax.plot(x, y, label=f"{arm}, identical to {twin}",
+            ax.plot(x, y, label=f"{arm}, identical to {twin}", color=colour[arm],
                     **(IDENTICAL_STYLE | {"markevery": max(1, len(x) // 12)}))
             continue
         ls = "--" if arm.startswith("fixed") else "-"
-        ax.plot(x, y, ls=ls, marker="o" if sparse else None, ms=3, label=arm)
+        ax.plot(x, y, ls=ls, marker="o" if sparse else None, ms=3, label=arm,
+                color=colour[arm])
     if target is not None:
         ax.axhline(target, color="k", lw=1, ls=":", label=f"target {target:g}")
     ax.set(title=title, xlabel="episodes", ylabel=ylabel)
