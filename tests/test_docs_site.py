@@ -90,3 +90,4 @@ def test_the_browser_check_finds_a_broken_link_an_anchor_and_an_image(tmp_path, 
     err = capsys.readouterr().err
     assert "gone.html: no such file" in err and "no element with id 'nope'" in err
     assert "image" in err and "did not render" in err
+    assert "missing.png answered 404" in err  # a failed load names its file

@@ -79,8 +79,13 @@ def _browser(pw):  # type: ignore[no-untyped-def]
 def check_page(page, url: str, site: Path, base: str, ids: dict) -> tuple[list[str], int]:  # type: ignore[no-untyped-def]
     """The problems of one page, and its number of links that leave the site."""
     errors: list[str] = []
+    # A failed load is reported by its response, which names the file; the browser's own
+    # favicon.ico probe is not the page's request (a page that wants one links it).
     page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}")
-            if m.type == "error" else None)
+            if m.type == "error" and not m.text.startswith("Failed to load resource")
+            else None)
+    page.on("response", lambda r: errors.append(f"{r.url} answered {r.status}")
+            if r.status >= 400 and not r.url.endswith("/favicon.ico") else None)
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
     page.goto(url, wait_until="load")
     found = page.evaluate(PROBE)

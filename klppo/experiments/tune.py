@@ -104,7 +104,7 @@ def run_tune(spec: TuneSpec, tune_dir: str | Path,
         runner = _Runner(optuna, study, spec, tune_dir, on_trial, on_iteration)
         stop_signal = runner.run()
         result = TuneResult(tune_dir, _entries(study), stop_signal)
-        _write_index(result, spec)
+        _write_index(result, spec, _importance(optuna, study))
     finally:
         lock.release()
     return result
@@ -307,20 +307,40 @@ def _entries(study: Any) -> list[TrialEntry]:
                        t.user_attrs.get("error")) for t in study.get_trials(deepcopy=False)]
 
 
-def _write_index(result: TuneResult, spec: TuneSpec) -> None:
-    """index.json (the sweep format, a run per trial and seed, plus the trials) and
-    best_config.yaml (the best trial's config, for ``klppo train --config``)."""
+def _importance(optuna: Any, study: Any) -> dict[str, float]:
+    """Optuna's parameter importances over the complete trials, normalised to sum to 1:
+    PED-ANOVA (Optuna's evaluator that needs no scikit-learn) scores how differently each
+    parameter is distributed among the best trials than among all of them. Empty below two
+    complete trials or when Optuna cannot compute them (one value for every trial)."""
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    if len(complete) < 2 or not any(t.params for t in complete):
+        return {}
+    try:
+        evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+        found = optuna.importance.get_param_importances(study, evaluator=evaluator)
+    except (ValueError, RuntimeError, ZeroDivisionError):
+        return {}
+    return {k: float(v) for k, v in found.items()}
+
+
+def _write_index(result: TuneResult, spec: TuneSpec,
+                 importance: dict[str, float] | None = None) -> None:
+    """index.json (the sweep format, a run per trial and seed, plus the trials and the
+    parameters' importance) and best_config.yaml (the best trial's config, for ``klppo train
+    --config``). A pruned trial's runs are labelled so in the report."""
     runs = []
     for t in result.trials:
+        label = f"trial{t.number:04d}" + (" (pruned)" if t.state == "pruned" else "")
         for name, seed in zip(t.runs, spec.seeds):
-            runs.append({"name": name, "condition": f"trial{t.number:04d}", "seed": seed,
+            runs.append({"name": name, "condition": label, "seed": seed,
                          "overrides": t.params,
                          "state": _state(result.tune_dir / "runs" / name) or "pending",
                          "error": t.error, "wall_s": None})
     best = result.best
     R.write_json_atomic(result.tune_dir / "index.json", {
         "kind": "tune", "runs": runs, "trials": [dataclasses.asdict(t) for t in result.trials],
-        "best_trial": None if best is None else best.number})
+        "best_trial": None if best is None else best.number,
+        "importance": importance or {}})
     if best is not None:
         cfg = spec.config(best.params, spec.seeds[0], "-")
         R.write_yaml(result.tune_dir / "best_config.yaml",

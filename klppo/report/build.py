@@ -192,6 +192,23 @@ def _summaries(env: str, rs: list[Run], notes: list[str]) -> list[Summary]:
             sorted(by_cond.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
 
 
+def _studies(paths: list[str | Path], out: Path, fig_dir: Path) -> list[str]:
+    """The HTML of each ``klppo tune`` study among ``paths``; writes trials.md (the trials of
+    every study) and each study's history figure."""
+    from klppo.report.html import img_tag
+    from klppo.report.tuning import history_figure, read_study, study_html, trials_markdown
+
+    parts: list[str] = []
+    tables: list[str] = []
+    for i, study in enumerate(s for s in map(read_study, paths) if s is not None):
+        figure = F.save(history_figure(study), fig_dir, f"study_{i}")
+        parts += study_html(study, figure, img_tag)
+        tables.append(f"## {study.path}\n\n{trials_markdown(study)}")
+    if tables:
+        (out / "trials.md").write_text("\n".join(tables))
+    return parts
+
+
 def final_returns(paths: list[str | Path], finished_only: bool = False) -> list[Summary]:
     """The table of a report (final return per env and condition over seeds) for the runs
     under ``paths``, writing nothing; empty when no run can be read."""
@@ -205,7 +222,7 @@ def final_returns(paths: list[str | Path], finished_only: bool = False) -> list[
 
 #: what a report writes into its directory
 REPORT_FILES = ("report.html", "final_returns.md", "final_returns.csv", "equivalence.md",
-                "equivalence.csv", "aggregates.md", "figures")
+                "equivalence.csv", "aggregates.md", "trials.md", "figures")
 
 
 def earlier_report(out_dir: str | Path) -> list[str]:
@@ -267,9 +284,10 @@ def make_report(paths: list[str | Path], out_dir: str | Path, smooth: int | None
     write_equivalence(out, eqs)
     (out / "aggregates.md").write_text(comparison_markdown(comps))
     machines = merge_commits([m for r in runs for m in run_machines(r.metadata)])
+    studies = _studies(paths, out, fig_dir)
     html = out / "report.html"
     html.write_text(render_html(summaries, eqs, figures, runs, loaded.skipped, notes,
                                 windows=windows, machines=machines, comparisons=comps,
-                                comparison_figures=comp_figs))
+                                comparison_figures=comp_figs, sections=studies))
     return Report(out, html, summaries, eqs, loaded.skipped, figures + comp_figs, notes,
                   machines, comps)

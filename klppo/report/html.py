@@ -133,8 +133,9 @@ def _smoothing(windows: dict[str, int]) -> list[str]:
 
 def render_html(summaries, equivalences, figures, runs, skipped, notes,
                 windows: dict[str, int] | None = None, machines: list[str] | None = None,
-                comparisons=(), comparison_figures=()) -> str:
-    """The report page: tables, aggregates, figures (embedded), notes and the configs."""
+                comparisons=(), comparison_figures=(), sections=()) -> str:
+    """The report page: tables, aggregates, ``sections`` (a tuning study's), figures
+    (embedded), notes and the configs."""
     e = html.escape
     parts = ["<!doctype html><html><head><meta charset='utf-8'>",
              "<title>klppo report</title>", f"<style>{CSS}</style></head><body>",
@@ -143,7 +144,7 @@ def render_html(summaries, equivalences, figures, runs, skipped, notes,
              "mean of training-episode returns over the last 10% of environment steps per seed; "
              "mean and population std over seeds; IQM with a bootstrap 95% CI.</p>",
              *_machines(machines or []), *_final_table(summaries),
-             *_equivalence_table(equivalences),
+             *_equivalence_table(equivalences), *sections,
              *_comparisons(list(comparisons), list(comparison_figures)),
              "<h2>Figures</h2>", *_smoothing(windows or {})]
     for caption, path in figures:

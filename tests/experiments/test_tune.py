@@ -58,7 +58,12 @@ def test_a_tiny_study_scores_each_trial_by_the_final_return_of_its_run(tmp_path)
     assert best["ppo"]["lr"] == res.best.params["ppo.lr"] and best["out"] is None
     loaded = load_runs([tmp_path / "t"])  # klppo report reads the study as a sweep of trials
     assert len(loaded.runs) == 4 and not loaded.skipped
-    assert {r.condition for r in loaded.runs} == {f"trial{n:04d}" for n in range(4)}
+    assert {r.condition for r in loaded.runs} == {
+        f"trial{t.number:04d}" + (" (pruned)" if t.state == "pruned" else "") for t in res.trials}
+    # Optuna's importances over the complete trials, for the report
+    if sum(t.state == "complete" for t in res.trials) >= 2:
+        assert set(index["importance"]) == set(SPACE)
+        assert sum(index["importance"].values()) == pytest.approx(1.0)
 
 
 def test_a_stopped_study_resumes_its_running_trial_exactly_and_runs_the_rest(tmp_path):
