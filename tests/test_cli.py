@@ -125,6 +125,12 @@ def test_verify_prints_the_kl_gradient_table(capsys):
         assert f"\n    {est} " in out
     assert "on_policy            ratio       ratio_grad token_ratio_grad             none" in out
     assert "agrees with enumeration" in out and "verify: OK" in out
+    # the TRL GRPO section: TRL's default is reverse per token; GSPO's ratio on the KL neither
+    trl = out[out.index("TRL GRPO:"):]
+    assert "token                     True                    first   token_ratio_grad     " \
+           "reverse    neither" in trl
+    assert "sequence                  True                    first   seq_mean_ratio_grad  " \
+           "neither    neither" in trl
     # k3 differentiated in the loss, one action: forward on-policy, reverse with the ratio
     block = out[out.index("in the loss (differentiated):"):]
     row = next(line for line in block.splitlines() if line.startswith("    k3 "))

@@ -107,6 +107,23 @@ def _print_kl_gradients(check) -> None:
               f"enumerated {m.enumerated}")
     print("  claimed classification (klppo.core.kl_gradient_claims): " +
           ("agrees with enumeration" if check.ok else "DISAGREES with enumeration"))
+    _print_trl_grpo()
+
+
+def _print_trl_grpo() -> None:
+    """TRL GRPO's settings as cells of the table above (k3 per token, in the loss)."""
+    from klppo.integrations.trl_gradients import grpo_settings
+
+    print("TRL GRPO: its KL term (k3 per token in the loss, times beta) per setting, as cells "
+          "of the table above")
+    print(f"    {'importance_sampling_level':<26}{'use_bias_correction_kl':<24}{'pass':<8}"
+          f"{'correction':<21}{'one token':<11}{'3 tokens'}")
+    for st in grpo_settings():
+        print(f"    {st.importance_sampling_level:<26}{str(st.use_bias_correction_kl):<24}"
+              f"{'first' if st.first_pass else 'later':<8}{st.correction:<21}"
+              f"{st.one_token:<11}{st.sequence}")
+    print("  klppo.integrations.trl.attach refuses sequence level with the correction and warns "
+          "where one token is not reverse")
 
 
 def _print_block(cells: dict, horizon: int, place: str, gran: str) -> None:

@@ -23,7 +23,8 @@ Derivations (``d = log pi - log pi_ref``, ``s = grad log pi``, ``E`` over ``pi``
 * a differentiated ratio in the loss gives ``grad E_pi[K]``: reverse exactly for the estimators
   whose mean is the KL (``k1``, ``k3``, ``full``; arXiv:2505.17508, arXiv:2512.21852), also per
   token with the sequence ratio, but not with per-token ratios over sequences (the states are
-  still mu's).
+  still mu's), nor with GSPO's length-normalised sequence ratio ``exp(mean_t log w_t)`` (not
+  the sequence's ratio ``prod_t w_t``).
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ CLAIMS: dict[tuple[int, str, str, str, str], str] = {
        for est, row in rows.items() for corr, v in zip(CORRECTIONS, row) if v is not None},
     **{(3, place, gran, est, corr): v for (place, gran), rows in _SEQUENCE.items()
        for est, row in rows.items() for corr, v in zip(CORRECTIONS, row) if v is not None},
+    # GSPO's length-normalised sequence ratio on per-token terms (TRL's use_bias_correction_kl
+    # with importance_sampling_level="sequence"): the states are mu's and the weight is not the
+    # sequence's ratio, so no estimator gets either KL's gradient
+    **{(3, "loss", "token", est, "seq_mean_ratio_grad"): N for est in _SEQUENCE[("loss", "token")]},
 }
 
 

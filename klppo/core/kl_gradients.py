@@ -38,7 +38,11 @@ sequence log-ratio). At ``T = 1`` they coincide and only ``token`` is listed.
   ``w_t = pi(y_t | y_<t) / mu(y_t | y_<t)`` multiplies each token's term, differentiated:
   ``sum_t w_t sg(sum_{s >= t} k_s)`` (reward: PPO with the KL in the per-token returns) or
   ``sum_t w_t k_t`` (loss: DeepSeek-V3.2's and TRL's ``use_bias_correction_kl``);
-* ``none``: ``y ~ mu``, no ratio (e.g. later PPO epochs with the KL in the loss).
+* ``none``: ``y ~ mu``, no ratio (e.g. later PPO epochs with the KL in the loss);
+* ``seq_mean_ratio_grad`` (``T > 1``, token granularity, loss): ``y ~ mu``; GSPO's
+  length-normalised sequence ratio ``exp(mean_t log w_t)``, differentiated, multiplies every
+  token's term: ``exp(mean_t log w_t) sum_t k_t`` (TRL's ``use_bias_correction_kl`` with
+  ``importance_sampling_level="sequence"``).
 
 The expected gradient ``sum_y q(y) g(y)`` (``q = pi`` or ``mu``, as weights that are not
 differentiated) is compared with the gradients of ``KL(pi || pi_ref)`` (*reverse*) and
@@ -71,7 +75,8 @@ GRADIENT_ESTIMATORS: tuple[str, ...] = (*ESTIMATORS, "full")
 ESTIMATOR_ALIASES: dict[str, str] = {"analytic": "full"}
 PLACEMENTS: tuple[str, ...] = ("reward", "loss")
 GRANULARITIES: tuple[str, ...] = ("token", "sequence")
-CORRECTIONS: tuple[str, ...] = ("on_policy", "ratio", "ratio_grad", "token_ratio_grad", "none")
+CORRECTIONS: tuple[str, ...] = ("on_policy", "ratio", "ratio_grad", "token_ratio_grad", "none",
+                                 "seq_mean_ratio_grad")
 #: sequence lengths enumerated, with their vocabulary sizes (4 actions; 2^3 = 8 sequences)
 HORIZONS: dict[int, int] = {1: 4, 3: 2}
 TOL = 1e-10
@@ -93,6 +98,8 @@ class Combination:
         at ``T = 1`` (it equals token), and per-token ratios on a per-sequence estimate."""
         if self.granularity == "sequence" and (self.horizon == 1 or self.estimator == "full"):
             return False
+        if self.correction == "seq_mean_ratio_grad":
+            return self.horizon > 1 and self.granularity == "token" and self.placement == "loss"
         return self.correction != "token_ratio_grad" or (
             self.horizon > 1 and self.granularity == "token")
 
@@ -103,7 +110,9 @@ class Combination:
         corr = {"on_policy": "on-policy", "ratio": "off-policy, detached ratio",
                 "ratio_grad": "off-policy, differentiated ratio",
                 "token_ratio_grad": "off-policy, differentiated per-token ratio",
-                "none": "off-policy, no ratio"}[self.correction]
+                "none": "off-policy, no ratio",
+                "seq_mean_ratio_grad": "off-policy, differentiated length-normalised sequence "
+                                       "ratio"}[self.correction]
         tokens = "1 token" if self.horizon == 1 else f"{self.horizon} tokens"
         return f"{self.estimator} {where} ({unit}, {corr}, {tokens})"
 
@@ -192,6 +201,8 @@ def _surrogate(c: Combination, big_k: torch.Tensor, k_tok: torch.Tensor, lp: tor
         return w * big_k
     if c.correction == "token_ratio_grad":
         return (w_tok * k_tok).sum(1)
+    if c.correction == "seq_mean_ratio_grad":  # GSPO's exp(mean_t log w_t) on every token's term
+        return torch.exp((lp - lm).mean(1)) * k_tok.sum(1)
     return big_k  # on_policy, none
 
 

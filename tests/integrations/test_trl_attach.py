@@ -60,11 +60,19 @@ def test_a_controller_starting_elsewhere_or_able_to_reach_zero_is_refused(grpo):
     assert cb.controller.name == "fixed"  # a fixed beta needs no floor
 
 
-def test_another_trl_line_is_refused(grpo, monkeypatch):
+def test_a_trl_is_accepted_by_its_internals_not_its_version(grpo, monkeypatch):
     import trl
 
     monkeypatch.setattr(trl, "__version__", "1.17.0")
-    _refused(grpo, r"trl==1.17.0: .* tested against TRL 1.16")
+    attach(grpo, "proportional", **OK)  # a new version string with the same loss code: fine
+    grpo.callback_handler.callbacks = [c for c in grpo.callback_handler.callbacks
+                                       if not isinstance(c, KLControlCallback)]
+
+    def _compute_loss(self, model, inputs):  # a release whose loss no longer adds beta * k3
+        return model(inputs).loss
+
+    monkeypatch.setattr(trl.GRPOTrainer, "_compute_loss", _compute_loss)
+    _refused(grpo, r"trl==1.17.0: GRPOTrainer._compute_loss lacks .* lines tested: TRL 1.16")
 
 
 def test_unknown_trainers_and_overrides_are_refused(grpo, lm_dir, tmp_path):
@@ -92,9 +100,6 @@ def test_a_fused_loss_holding_a_copy_of_beta_is_refused(grpo):
 
 
 @pytest.mark.parametrize("kind, setting, match", [
-    ("grpo", dict(gradient_accumulation_steps=2), r"gradient_accumulation_steps=2"),
-    ("grpo", dict(num_iterations=2), r"num_iterations=2"),
-    ("grpo", dict(logging_steps=2), r"logging_steps=2"),
     ("rloo", dict(logging_steps=2), r"logging_steps \* gradient_accumulation_steps = 2 > "),
     ("rloo", dict(mask_truncated_completions=True), r"mask_truncated_completions=True"),
 ])
@@ -103,6 +108,36 @@ def test_a_unit_conversion_that_would_not_be_exact_is_refused(lm_dir, tmp_path, 
     trainer = make_trainer(kind, lm_dir, tmp_path / "o", **setting)
     _refused(trainer, match, unit="per_sequence_sum")
     attach(trainer, "proportional", unit="per_token_mean", **OK)  # the logged unit: no problem
+
+
+@pytest.mark.parametrize("setting", [dict(gradient_accumulation_steps=2),
+                                     dict(num_iterations=2), dict(logging_steps=2)])
+def test_grpo_reads_its_kl_per_token_so_every_unit_is_served(lm_dir, tmp_path, setting):
+    trainer = make_trainer("grpo", lm_dir, tmp_path / "o", **setting)
+    for unit in ("per_token_mean", "per_sequence_mean", "per_sequence_sum", "per_padded_token"):
+        cb = attach(trainer, "proportional", unit=unit, **OK)
+        trainer.callback_handler.remove_callback(cb)
+    _refused(trainer, r"unit='nats': must be one of per_token_mean, per_sequence_mean",
+             unit="nats")
+    rloo = make_trainer("rloo", lm_dir, tmp_path / "r")
+    _refused(rloo, r"unit='per_sequence_mean': must be one of per_token_mean, per_sequence_sum "
+                   r"for RLOOTrainer", unit="per_sequence_mean")
+
+
+def test_gspo_ratio_on_the_kl_is_refused_and_a_forward_kl_warns(lm_dir, tmp_path):
+    from klppo.core.kl_gradient_claims import KLGradientWarning
+
+    trainer = make_trainer("grpo", lm_dir, tmp_path / "o", importance_sampling_level="sequence")
+    _refused(trainer, r"importance_sampling_level='sequence' with use_bias_correction_kl=True: "
+                      r".* neither KL's")
+    trainer = make_trainer("grpo", lm_dir, tmp_path / "n", use_bias_correction_kl=False)
+    with pytest.warns(KLGradientWarning, match=r"use_bias_correction_kl=False, first pass: .* "
+                                               r"KL\(reference \|\| policy\), the forward KL"):
+        attach(trainer, "proportional", **OK)
+    trainer = make_trainer("grpo", lm_dir, tmp_path / "m", use_bias_correction_kl=False,
+                           num_iterations=2)
+    with pytest.warns(KLGradientWarning, match=r"first pass: .* the forward KL"):
+        attach(trainer, "proportional", **OK)
 
 
 def test_rloo_with_several_logs_per_generation_is_accepted(lm_dir, tmp_path):

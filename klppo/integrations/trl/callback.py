@@ -9,21 +9,27 @@ optimiser step on and is part of that checkpoint.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 from klppo.core.controllers import KLController, make_controller
+from klppo.core.kl_gradient_claims import KL_NAMES, KLGradientWarning
 from klppo.integrations.trl import state as S
+from klppo.integrations.trl.grpo_kl import KLTap
 from klppo.integrations.trl.trainers import (
     UNITS,
     TrainerKL,
     TRLIntegrationError,
+    check_internals,
     conversion_problem,
+    penalised_unit,
     resolve,
     to_unit,
 )
+from klppo.integrations.trl_gradients import grpo_setting
 from klppo.runs.typecheck import short_repr
 
 log = logging.getLogger(__name__)
@@ -35,17 +41,22 @@ PREFIX = "klppo/"
 
 
 class KLControlCallback(TrainerCallback):
-    """Feeds ``controller`` the KL ``trainer`` logs (stated in ``unit``) and writes the new beta
-    into the trainer. Build it with :func:`attach`, which checks everything first.
+    """Feeds ``controller`` the trainer's KL in ``unit`` and writes the new beta into the
+    trainer. Build it with :func:`attach`, which checks everything first.
 
+    GRPO: the KL of the window's loss calls, read per token (``tap``), exact in every unit;
+    RLOO: the KL the trainer logged, converted with the logged mean completion length.
     ``history`` holds one record per training log: the logged KL (TRL's value, its estimator,
-    direction and unit), the value fed to the controller (in ``unit``), the mean completion
-    length used to convert it, the beta used during the window and the beta after the update.
+    direction and unit), the value fed to the controller (in ``unit``), the KL in the unit beta
+    multiplies (``kl_penalised``, GRPO), the mean completion length, the beta used during the
+    window and the beta after the update.
     """
 
     def __init__(self, trainer: Any, controller: KLController, unit: str,
-                 spec: TrainerKL) -> None:
+                 spec: TrainerKL, tap: KLTap | None = None) -> None:
         self.trainer, self.controller, self.unit, self.spec = trainer, controller, unit, spec
+        self.tap = tap
+        self.penalised_unit = penalised_unit(spec, trainer.args)
         self.history: list[dict[str, Any]] = []
         self._last_update_step = 0
         self._beta_set = float(getattr(trainer, spec.beta_attr))
@@ -65,7 +76,8 @@ class KLControlCallback(TrainerCallback):
         if not logs or "loss" not in logs:  # evaluation logs and the end-of-training summary
             return
         rec = self._update(args, state, logs)
-        numbers = {f"{PREFIX}{k}": rec[k] for k in ("kl", "kl_target", "beta", "beta_next",
+        numbers = {f"{PREFIX}{k}": rec[k] for k in ("kl", "kl_penalised", "kl_target", "beta",
+                                                    "beta_next",
                                                     "relative_error", "error_clipped",
                                                     "mean_length", "n_steps", "updated")
                    if rec[k] is not None}
@@ -113,8 +125,17 @@ class KLControlCallback(TrainerCallback):
         rec: dict[str, Any] = {
             "step": state.global_step, "kl_logged": logged, "logged_unit": spec.logged_unit,
             "estimator": spec.estimator, "direction": spec.direction, "unit": self.unit,
+            "penalised_unit": self.penalised_unit, "kl_penalised": None,
             "mean_length": length, "kl_target": ctrl.target, "beta": beta}
-        if logged is None:
+        if self.tap is not None:
+            observed = self.tap.window(self.unit)
+            rec["kl_penalised"] = self.tap.window(self.penalised_unit)
+            self.tap.reset()
+            if observed is None:
+                raise RuntimeError(f"step {state.global_step}: {spec.class_name} computed no "
+                                   "loss with beta != 0 in this window; the controller has no KL"
+                                   " to follow")
+        elif logged is None:
             if spec.kl_in_every_log:
                 raise RuntimeError(f"step {state.global_step}: {spec.class_name} logged no "
                                    f"{spec.log_key!r}; the controller has no KL to follow")
@@ -123,7 +144,8 @@ class KLControlCallback(TrainerCallback):
                        n_steps=0, updated=0)
             self.history.append(rec)
             return rec
-        observed = to_unit(float(logged), spec.logged_unit, self.unit, length)
+        else:
+            observed = to_unit(float(logged), spec.logged_unit, self.unit, length)
         n = (state.global_step - self._last_update_step) * args.per_device_train_batch_size \
             * args.gradient_accumulation_steps * args.world_size
         ctrl.update(observed, n_steps=max(1, n))
@@ -137,7 +159,7 @@ class KLControlCallback(TrainerCallback):
         return rec
 
 
-def attach(trainer: Any, controller: KLController | str, *, unit: str,
+def attach(trainer: Any, controller: KLController | str, *, unit: str | None = None,
            **options: Any) -> KLControlCallback:
     """Drive ``trainer.beta`` (TRL ``GRPOTrainer`` or ``RLOOTrainer``) from a klppo controller.
 
@@ -146,40 +168,72 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str,
         controller: a :class:`~klppo.core.controllers.KLController`, or a controller name for
             :func:`~klppo.core.controllers.make_controller` with ``options`` (``beta`` defaults
             to the trainer's). Its target is in ``unit``, nats of KL(policy || reference).
-        unit: ``per_token_mean`` or ``per_sequence_sum``: the unit of the target and of the KL
-            fed to the controller. The trainer's logged per-token mean is converted with the
-            logged mean completion length of the same batch when the units differ.
+        unit: the unit of the target and of the KL fed to the controller; default: the unit
+            beta multiplies (GRPO: its ``loss_type``'s, see ``docs/integrations.md``; RLOO:
+            ``per_sequence_sum``). GRPO serves every unit of
+            :data:`~klppo.integrations.trl.grpo_kl.UNIT_MEANINGS` exactly (the KL is read per
+            token); RLOO ``per_token_mean`` (logged) and ``per_sequence_sum`` (converted with the
+            logged mean completion length of the same batch).
 
     Returns the callback, inserted right after transformers' flow callback so the log
     reporters (TensorBoard, W&B, the progress printer) see the ``klppo/*`` metrics.
     Raises :class:`TRLIntegrationError` (one line) for anything that cannot work, before
-    training starts.
+    training starts; warns (:class:`~klppo.core.kl_gradient_claims.KLGradientWarning`) when
+    GRPO's KL term descends, per token, another KL than KL(policy || reference).
     """
-    import trl
-
-    from klppo.integrations.trl.trainers import check_trl_version
-
-    check_trl_version(trl.__version__)
     spec = resolve(trainer)
-    if unit not in UNITS:
-        raise TRLIntegrationError(f"unit={unit!r}: must be one of {', '.join(UNITS)}")
-    if unit != spec.logged_unit:
-        why = conversion_problem(spec, trainer.args)
-        if why is not None:
-            raise TRLIntegrationError(
-                f"unit={unit!r}: {spec.class_name} logs a {spec.logged_unit} KL, and with "
-                f"{why}; use unit={spec.logged_unit!r} or change those settings")
+    check_internals(spec.class_name)
+    unit = penalised_unit(spec, trainer.args) if unit is None else unit
+    _check_unit(spec, trainer.args, unit)
     if trainer.args.logging_strategy == "no":
         raise TRLIntegrationError("logging_strategy='no': the controller is fed on each log")
+    if spec.name == "grpo":
+        _check_grpo_gradient(trainer.args)
     ctrl = _controller(trainer, spec, controller, options)
     if any(isinstance(c, KLControlCallback) for c in trainer.callback_handler.callbacks):
         raise TRLIntegrationError(f"{spec.class_name}: a klppo controller is already attached")
-    cb = KLControlCallback(trainer, ctrl, unit, spec)
+    tap = KLTap(trainer) if spec.name == "grpo" else None
+    cb = KLControlCallback(trainer, ctrl, unit, spec, tap)
     callbacks = trainer.callback_handler.callbacks
     first = next((i + 1 for i, c in enumerate(callbacks)
                   if type(c).__name__ == "DefaultFlowCallback"), 0)
     callbacks.insert(first, cb)
     return cb
+
+
+def _check_unit(spec: TrainerKL, args: Any, unit: Any) -> None:
+    allowed = UNITS if spec.name == "grpo" else ("per_token_mean", "per_sequence_sum")
+    if unit not in allowed:
+        raise TRLIntegrationError(f"unit={short_repr(unit)}: must be one of {', '.join(allowed)}"
+                                  f" for {spec.class_name}")
+    if spec.name != "grpo" and unit != spec.logged_unit:
+        why = conversion_problem(spec, args)
+        if why is not None:
+            raise TRLIntegrationError(
+                f"unit={unit!r}: {spec.class_name} logs a {spec.logged_unit} KL, and with "
+                f"{why}; use unit={spec.logged_unit!r} or change those settings")
+
+
+def _check_grpo_gradient(args: Any) -> None:
+    """Refuse GSPO's sequence ratio on the KL; warn when, per token, the KL term's expected
+    gradient is not that of KL(policy || reference) (``klppo verify``, section TRL GRPO)."""
+    level, bc = args.importance_sampling_level, bool(args.use_bias_correction_kl)
+    if level == "sequence" and bc:
+        raise TRLIntegrationError(
+            "importance_sampling_level='sequence' with use_bias_correction_kl=True: TRL "
+            "multiplies each token's k3 by GSPO's length-normalised sequence ratio, whose "
+            "gradient is neither KL's, per token or over the sequence (klppo verify, section TRL "
+            "GRPO; TRL's docstring: the correction holds at token level only); set "
+            "use_bias_correction_kl=False or importance_sampling_level='token'")
+    passes = (True, False) if args.num_iterations > 1 else (True,)
+    for setting in (grpo_setting(level, bc, first) for first in passes):
+        if setting.one_token != "reverse":
+            warnings.warn(
+                f"TRL GRPO with {setting.describe()}: the KL term's expected gradient is, per "
+                f"token, that of {KL_NAMES[setting.one_token]}; use_bias_correction_kl=True with "
+                "importance_sampling_level='token' gives KL(policy || reference) per token "
+                "(klppo verify, section TRL GRPO)", KLGradientWarning, stacklevel=3)
+            return
 
 
 def _controller(trainer: Any, spec: TrainerKL, controller: KLController | str,
