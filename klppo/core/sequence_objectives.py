@@ -17,12 +17,23 @@ Segment sums and maxima use a ``[S, N]`` one-hot matrix (deterministic on every 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from klppo.core.band import kill_mask
-from klppo.core.objective_base import _CLIP, BAND_KNOBS, Objective, PolicyTerm
+from klppo.core.objective_base import (
+    _CLIP,
+    BAND_KNOBS,
+    DEFAULT_BAND,
+    DEFAULT_SHAPE,
+    NO_KNOBS,
+    Band,
+    Knobs,
+    Objective,
+    PolicyTerm,
+    ShapeSpec,
+)
 from klppo.core.surrogates import clip_objective
 
 __all__ = ["Segments", "SequenceObjective", "GSPO", "GMPO", "TrustRegionMasking"]
@@ -60,9 +71,21 @@ class Segments:
 
 class SequenceObjective(Objective):
     """Base of the sequence-level objectives: ``term`` needs ``sequence_ids``; no numpy closed
-    form (the fast path serves Gymnasium samples, which are no sequences)."""
+    form (the fast path serves Gymnasium samples, which are no sequences).
+
+    ``paper_band``: the band the objective's paper uses, taken when the band given is klppo's
+    default (``eps`` 0.2, no edges): a sequence ratio or a log-space radius does not live on the
+    token ratio's scale, so 0.2 would mean another method. Any other band is taken as given
+    (``eps_low=0.2, eps_high=0.2`` for a symmetric 0.2)."""
 
     level = "sequence"
+    paper_band: ClassVar[Band | None] = None
+
+    def __init__(self, band: Band = DEFAULT_BAND, shape: ShapeSpec = DEFAULT_SHAPE,
+                 kl_estimator: str = "analytic", knobs: Knobs = NO_KNOBS) -> None:
+        if self.paper_band is not None and band.is_scalar and band == DEFAULT_BAND:
+            band = self.paper_band
+        super().__init__(band, shape, kl_estimator, knobs)
 
     def term(self, ratio, logp_new, logp_old, advantage, kl, beta, want_beta=True,
              sequence_ids=None):
@@ -86,14 +109,15 @@ class SequenceObjective(Objective):
 class GSPO(SequenceObjective):
     """GSPO (Qwen, Zheng et al. 2025, arXiv:2507.18071): the sequence ratio
     ``s_i = exp(mean_t log w_t)`` clipped at the sequence level,
-    ``J = mean_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)`` (paper: eps 3e-4 /
-    4e-4). With a per-token advantage klppo uses the paper's GSPO-token form,
+    ``J = mean_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)`` (the paper's eps
+    3e-4 / 4e-4: the default band). With a per-token advantage klppo uses the paper's GSPO-token form,
     ``s_{i,t} = sg(s_i) w_t / sg(w_t)``, ``mean_i mean_t min(s_{i,t} A_t, clip(s_{i,t}) A_t)``,
     equal to GSPO in value and gradient when ``A`` is constant over each sequence.
     ``c_t = (N / (S L_i)) s_i A_t 1[not kill(s_i, A_t)]``."""
 
     name = "gspo"
     band_knobs = ("eps_low", "eps_high")
+    paper_band = Band(eps_low=3e-4, eps_high=4e-4)
 
     def sequence_term(self, ratio, logp_new, logp_old, advantage, seg):
         b = self.band
@@ -112,7 +136,7 @@ class GMPO(SequenceObjective):
     """GMPO (Zhao et al. 2025, arXiv:2507.20673): the geometric mean of the token ratios,
     clipped per token in log space, ``J = mean_i A_i exp(mean_t m_t)`` with
     ``m_t = sgn(A) min(sgn(A) log w_t, sgn(A) clip(log w_t, -eps_low, eps_high))`` (the band's
-    radii are log-space here; paper: 0.4 on both sides). With a per-token advantage klppo uses
+    radii are log-space here; the paper's 0.4 on both sides: the default band). With a per-token advantage klppo uses
     the same construction per token (``A_t`` and its sign in place of ``A_i``; the geometric
     mean is still over the sequence), equal to GMPO when ``A`` is constant over each sequence.
     ``c_t = (N / (S L_i)) A_t G_i 1[not kill_t]`` with ``G_i = exp(mean_t m_t)`` and kill
@@ -120,6 +144,7 @@ class GMPO(SequenceObjective):
 
     name = "gmpo"
     band_knobs = ("eps_low", "eps_high")
+    paper_band = Band(eps=0.4)
 
     def sequence_term(self, ratio, logp_new, logp_old, advantage, seg):
         log_w = logp_new - logp_old

@@ -111,10 +111,11 @@ class RLHFConfig:
     spo, sq_log_ratio, dppo_tv, dppo_kl, clip_cov, kl_cov; sequence-level gspo, gmpo, trm"""
     eps_low: Annotated[float | None, _flag("ppo.eps-low", "eps_low")] = (
         field(default=None, metadata=above(0)))
-    """lower band radius (None: eps); gmpo: log-space radius"""
+    """lower band radius (None: eps); gmpo: log-space radius; gspo / gmpo with eps left at 0.2
+    and no edges: the paper's band (3e-4 / 4e-4; 0.4)"""
     eps_high: Annotated[float | None, _flag("ppo.eps-high", "eps_high")] = (
         field(default=None, metadata=above(0)))
-    """upper band radius (None: eps; DAPO 0.28; GSPO's paper 4e-4 with eps_low 3e-4)"""
+    """upper band radius (None: eps; DAPO 0.28; gspo / gmpo: see eps_low)"""
     tau_pos: Annotated[float | None, _flag("ppo.tau-pos", "tau_pos")] = (
         field(default=None, metadata=above(0)))
     """sapo: gate temperature where A > 0 (None: the paper's 1.0)"""

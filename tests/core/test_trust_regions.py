@@ -395,8 +395,22 @@ def test_gspo_token_with_per_token_advantages():
         return -(torch.zeros(len(lengths)).index_add(0, ids, per_tok) / lengths).mean()
 
     g_paper = seq_grad(paper, new)
-    assert torch.allclose(seq_grad(ours("gspo", lo, adv, ids), new), g_paper, atol=1e-8)
-    check_template("gspo", new, lo, adv, ids, g_paper)
+    kw = dict(eps_low=0.2, eps_high=0.2)  # a symmetric 0.2 is given by its edges (below)
+    assert torch.allclose(seq_grad(ours("gspo", lo, adv, ids, **kw), new), g_paper, atol=1e-8)
+    check_template("gspo", new, lo, adv, ids, g_paper, **kw)
+
+
+def test_sequence_objectives_default_to_their_papers_band():
+    """GSPO: 3e-4 / 4e-4 on the sequence ratio; GMPO: 0.4 in log space. klppo's default band
+    (eps 0.2, no edges) means the paper's; any other band is taken as given."""
+    from klppo.core.objective_base import Band
+    from klppo.core.objectives import make_objective
+
+    gspo, gmpo = make_objective("gspo").band, make_objective("gmpo").band
+    assert (gspo.lo, gspo.hi) == (3e-4, 4e-4) and (gmpo.lo, gmpo.hi) == (0.4, 0.4)
+    assert make_objective("gspo", Band(0.1)).band.lo == 0.1
+    assert make_objective("gmpo", Band(0.2, 0.2, 0.2)).band.hi == 0.2
+    assert make_objective("trm").band.lo == 0.2  # no paper band: klppo's
 
 
 @pytest.mark.parametrize("eps", [0.4, 0.2])
@@ -416,9 +430,10 @@ def test_gmpo(eps):
         return -(a * geo).mean()
 
     g_paper = seq_grad(paper, new)
-    got = seq_grad(ours("gmpo", lo, adv, ids, eps=eps), new)
+    kw = dict(eps_low=eps, eps_high=eps)  # the default band would be the paper's 0.4
+    got = seq_grad(ours("gmpo", lo, adv, ids, **kw), new)
     assert torch.allclose(got, g_paper, rtol=1e-5, atol=1e-8)
-    check_template("gmpo", new, lo, adv, ids, g_paper, eps=eps)
+    check_template("gmpo", new, lo, adv, ids, g_paper, **kw)
 
 
 @pytest.mark.parametrize("eps", [0.2, 100.0])
