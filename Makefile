@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev,tensorboard
 
-.PHONY: venv demo demo-table test test-all lint api docs docs-check bench rlhf clean
+.PHONY: venv demo demo-table test test-all test-verl lint api docs docs-check bench rlhf clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,17 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''
+
+# klppo.integrations.verl against the real verl, in a virtual environment of its own: verl 0.9.1
+# pins tensordict<=0.10 and transformers<5.11, which the torchrl and trl extras exclude. Its
+# metadata omits cachetools, uvicorn and fastapi, which its trainer module imports.
+VERL_VENV := .venv-verl
+test-verl:
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VERL_VENV)/bin/python -m pip install --quiet -e '.[dev]' verl==0.9.1 torch==2.13.0 \
+		cachetools uvicorn fastapi
+	$(VERL_VENV)/bin/python -m pytest -q tests/integrations/test_verl.py
 
 # ruff (with no print outside the CLI and docstrings in core/ and nn/) and mypy on all of klppo
 lint: $(STAMP)

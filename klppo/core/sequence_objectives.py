@@ -110,7 +110,8 @@ class GSPO(SequenceObjective):
     """GSPO (Qwen, Zheng et al. 2025, arXiv:2507.18071): the sequence ratio
     ``s_i = exp(mean_t log w_t)`` clipped at the sequence level,
     ``J = mean_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)`` (the paper's eps
-    3e-4 / 4e-4: the default band). With a per-token advantage klppo uses the paper's GSPO-token form,
+    3e-4 / 4e-4: the default band). With a per-token advantage klppo uses the paper's
+    GSPO-token form,
     ``s_{i,t} = sg(s_i) w_t / sg(w_t)``, ``mean_i mean_t min(s_{i,t} A_t, clip(s_{i,t}) A_t)``,
     equal to GSPO in value and gradient when ``A`` is constant over each sequence.
     ``c_t = (N / (S L_i)) s_i A_t 1[not kill(s_i, A_t)]``."""
@@ -136,7 +137,8 @@ class GMPO(SequenceObjective):
     """GMPO (Zhao et al. 2025, arXiv:2507.20673): the geometric mean of the token ratios,
     clipped per token in log space, ``J = mean_i A_i exp(mean_t m_t)`` with
     ``m_t = sgn(A) min(sgn(A) log w_t, sgn(A) clip(log w_t, -eps_low, eps_high))`` (the band's
-    radii are log-space here; the paper's 0.4 on both sides: the default band). With a per-token advantage klppo uses
+    radii are log-space here; the paper's 0.4 on both sides: the default band). With a
+    per-token advantage klppo uses
     the same construction per token (``A_t`` and its sign in place of ``A_i``; the geometric
     mean is still over the sequence), equal to GMPO when ``A`` is constant over each sequence.
     ``c_t = (N / (S L_i)) A_t G_i 1[not kill_t]`` with ``G_i = exp(mean_t m_t)`` and kill

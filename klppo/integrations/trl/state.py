@@ -1,72 +1,11 @@
-"""The controller's state in a trainer checkpoint: one JSON file next to TRL's own files.
+"""The TRL bridge's controller state (:mod:`klppo.integrations.controller_state`)."""
 
-Written by the callback's ``on_save`` into ``OUTPUT_DIR/checkpoint-STEP/`` (after the trainer has
-written the checkpoint, which transformers does right after the log of the same step, so the
-state includes that step's controller update); read back when ``trainer.train(
-resume_from_checkpoint=...)`` starts. JSON floats round-trip exactly (``repr``), so the restored
-controller continues the same beta trajectory.
-"""
-
-from __future__ import annotations
-
-import json
-import math
-import os
-from pathlib import Path
-from typing import Any
-
-from klppo.core.controllers import KLController
+from klppo.integrations.controller_state import (
+    FORMAT,
+    STATE_FILE,
+    read_state,
+    settings_of,
+    write_state,
+)
 
 __all__ = ["STATE_FILE", "FORMAT", "settings_of", "write_state", "read_state"]
-
-STATE_FILE = "klppo_kl_controller.json"
-FORMAT = "klppo.integrations.trl/1"
-
-
-def settings_of(controller: KLController) -> dict[str, Any]:
-    """What must match between the saved and the resuming controller: its rule and bounds."""
-    return {"name": controller.name, "target": controller.target,
-            "beta_min": controller.beta_min, "beta_max": controller.beta_max}
-
-
-def write_state(checkpoint: Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` atomically (a temporary file renamed over the final one)."""
-    path = checkpoint / STATE_FILE
-    tmp = checkpoint / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps({"format": FORMAT, **state}, indent=1, allow_nan=True))
-    os.replace(tmp, path)
-    return path
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return bool(a == b)
-
-
-def read_state(checkpoint: Path, expect: dict[str, Any]) -> dict[str, Any]:
-    """The saved state of ``checkpoint``; ``RuntimeError`` (one line naming the file) when it is
-    missing, unreadable, of another format, or when a field of ``expect`` (trainer, unit,
-    controller settings, global step) differs from the saved one."""
-    path = checkpoint / STATE_FILE
-    if not path.is_file():
-        raise RuntimeError(
-            f"{path}: no klppo controller state; a checkpoint written without the callback (or "
-            "by a process killed between TRL's save and the callback's) cannot continue the "
-            "beta trajectory")
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise RuntimeError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise RuntimeError(f"{path}: not a {FORMAT} state file")
-    for key, want in expect.items():
-        got = state.get(key)
-        if isinstance(want, dict) and isinstance(got, dict):
-            diff = [k for k in want if not _same(want[k], got.get(k))]
-            if diff:
-                raise RuntimeError(
-                    f"{path}: saved {key} {got} differs from this run's {want} in {diff}")
-        elif not _same(got, want):
-            raise RuntimeError(f"{path}: saved {key}={got!r}, this run has {key}={want!r}")
-    return state
