@@ -11,6 +11,7 @@ import tyro
 from klppo.core.controllers import ControllerName
 from klppo.core.kl_gradient_claims import claimed, gradient_warning
 from klppo.core.kl_gradients import Combination
+from klppo.core.kl_loss import KLLossForm, kl_loss_combination
 from klppo.core.loss import ObjectiveName
 from klppo.core.objective_base import BAND_KNOBS, KNOB_NAMES, Knobs
 from klppo.runs.configfile import field_hints, overlay
@@ -72,9 +73,15 @@ class RLHFConfig:
     reproduce peers: k3_flipped (trlx's e^d - 1 - d, mean chi^2 - KL) or tutorial (the adaptive-KL
     tutorial's e^d d, heavily biased) - neither is the KL"""
     kl_placement: KLPlacement = "reward"
-    """reward: -beta KL_t in every token's reward (Ziegler/TRL); loss: beta k3 in the loss (GRPO;
-    kl_estimator then only measures the KL). Only k1 in the reward has the gradient of
-    KL(policy || reference) (`klppo verify`); other choices warn"""
+    """reward: -beta KL_t in every token's reward (Ziegler/TRL); loss: beta times the kl_loss
+    form in the loss (kl_estimator then only measures the KL). k1 in the reward and the
+    k2_sequence and k3_ratio forms in the loss have the gradient of KL(policy || reference)
+    over whole responses (`klppo verify`); other choices warn"""
+    kl_loss: KLLossForm | None = None
+    """with kl_placement=loss, the KL term per response (klppo.core.kl_loss): k2_sequence (the
+    default: (sum_t log pi/pi_ref)^2 / 2 times the detached response ratio to the sampling
+    policy), k3_ratio (sum_t k3 times the differentiated response ratio), or k3 (GRPO's sum_t
+    k3, no ratio: neither KL's gradient); beta multiplies it averaged over responses"""
     kl_unit: KLUnitLM = "per_sequence_sum"
     """unit of the KL fed to the controller and of the target: per_sequence_sum (nats per
     sequence), per_token_mean (nats per response token), per_token_mean_all (trlx's per-token
@@ -213,6 +220,8 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     if not (c.monitor_high > 1 and 0 < c.monitor_low < 1 and c.monitor_patience >= 1):
         raise _bad("monitor_high/low/patience", (c.monitor_high, c.monitor_low,
                    c.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
+    if c.kl_loss is not None and c.kl_placement != "loss":
+        raise _bad("kl_loss", c.kl_loss, "only kl_placement=loss reads it")
     _check_objective(c)
     _check_reward(c.reward)
     _check_device(c.device)
@@ -279,12 +288,21 @@ def kl_gradient_combination(c: RLHFConfig) -> Combination:
     penalty amounts to on its first update of an iteration (on-policy samples).
 
     ``kl_placement=reward``: ``kl_estimator`` per token in the rewards, credited through the
-    returns (a score-function term); ``kl_placement=loss``: ``k3`` per token, differentiated,
-    whatever ``kl_estimator`` (which then only measures the KL). Later PPO epochs reuse the
-    samples: per-token ratios for the reward (PPO's surrogate), no ratio for the loss."""
+    returns (a score-function term); ``kl_placement=loss``: the ``kl_loss`` form
+    (:func:`~klppo.core.kl_loss.kl_loss_combination`), whatever ``kl_estimator`` (which then
+    only measures the KL). Later PPO epochs reuse the samples: per-token ratios for the reward
+    (PPO's surrogate), the form's own correction in the loss."""
     if c.kl_placement == "loss":
-        return Combination("k3", "loss", "token", "on_policy", c.response_len)
+        est, gran, corr = kl_loss_combination(kl_loss_form(c))
+        if c.response_len == 1:  # one token: its sequence log-ratio is its own
+            gran = "token"
+        return Combination(est, "loss", gran, corr, c.response_len)
     return Combination(c.kl_estimator, "reward", "token", "on_policy", c.response_len)
+
+
+def kl_loss_form(c: RLHFConfig) -> str:
+    """The loss-side KL form the config runs (``k2_sequence`` unless ``kl_loss`` names one)."""
+    return c.kl_loss or "k2_sequence"
 
 
 def kl_gradient_warning(c: RLHFConfig) -> str | None:
@@ -293,10 +311,15 @@ def kl_gradient_warning(c: RLHFConfig) -> str | None:
     msg = gradient_warning(kl_gradient_combination(c))
     if msg is None:
         return None
-    fixes = sorted({f"kl_estimator={e} with kl_placement={p}"
-                    for e in get_args(KLEstimatorLM) for p in get_args(KLPlacement)
-                    if claimed(kl_gradient_combination(replace(c, kl_estimator=e,
-                                                               kl_placement=p))) == "reverse"})
+    fixes = sorted({f"kl_estimator={e} with kl_placement=reward" for e in get_args(KLEstimatorLM)
+                    if claimed(kl_gradient_combination(replace(c, kl_estimator=e, kl_loss=None,
+                                                               kl_placement="reward")))
+                    == "reverse"})
+    fixes += [f"kl_placement=loss with kl_loss={f}" for f in get_args(KLLossForm)
+              if claimed(kl_gradient_combination(replace(c, kl_placement="loss", kl_loss=f)))
+              == "reverse"]
     fix = " or ".join(fixes) if fixes else "none of this loop's settings"
-    return (f"kl_estimator={c.kl_estimator}, kl_placement={c.kl_placement} is {msg}; the "
-            f"unbiased form of KL(policy || reference) here: {fix} (see `klppo verify`)")
+    setting = f"kl_estimator={c.kl_estimator}, kl_placement={c.kl_placement}" + (
+        f", kl_loss={kl_loss_form(c)}" if c.kl_placement == "loss" else "")
+    return (f"{setting} is {msg}; the unbiased forms of KL(policy || reference) here: {fix} "
+            f"(see `klppo verify`)")

@@ -27,14 +27,16 @@ import torch
 
 from klppo.core.advantages import gae
 from klppo.core.controllers import make_controller
-from klppo.core.kl import NOT_KL, per_sequence_sum, per_token_mean, sampled_kl
+from klppo.core.kl import NOT_KL, per_sequence_sum, per_token_mean
 from klppo.core.kl_gradient_claims import KLGradientWarning
+from klppo.core.kl_loss import kl_loss_terms
 from klppo.core.loss import PPOLoss
 from klppo.core.monitor import KLMonitor
 from klppo.lm.config import (
     ConfigError,
     RLHFConfig,
     kl_gradient_warning,
+    kl_loss_form,
     objective_knobs,
     validate_rlhf,
 )
@@ -293,6 +295,7 @@ class Experiment:
             "iteration": it, "global_step": it * c.batch_size, "episodes": it * c.batch_size,
             "score": float(score.mean()), "kl": measured, "kl_unit": c.kl_unit,
             "kl_estimator": c.kl_estimator,
+            **({"kl_loss_form": kl_loss_form(c)} if c.kl_placement == "loss" else {}),
             "kl_k1_per_sequence_sum": float(per_sequence_sum(k1, mask).mean()),
             "kl_k3_per_sequence_sum": float(per_sequence_sum(k3, mask).mean()),
             "kl_k1_per_token_mean": float(per_token_mean(k1, mask)),
@@ -325,16 +328,17 @@ class Experiment:
                                 cur["values"][mk], ret[idx][mk], v_old[idx][mk],
                                 sequence_ids=mk.nonzero()[:, 0])  # each token's sequence
                 loss = out["loss"]
-                if c.kl_placement == "loss":  # GRPO: beta * k3(policy || reference) per token
-                    kl_loss = sampled_kl(cur["logp"][mk], logp_ref[idx][mk], "k3").mean()
+                if c.kl_placement == "loss":  # beta * the kl_loss form, mean over responses
+                    kl_loss = kl_loss_terms(kl_loss_form(c), cur["logp"], logp_ref[idx],
+                                            logp_old[idx], mk).mean()
                     loss = loss + beta * kl_loss
-                    out["kl_loss_k3"] = kl_loss.detach()
+                    out["kl_loss"] = kl_loss.detach()
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
                 self.opt.step()
                 for k in ("loss", "loss_objective", "loss_critic", "clip_fraction", "kl_k3",
-                          "frac_kill", "kl_loss_k3"):
+                          "frac_kill", "kl_loss"):
                     if k in out:
                         sums[k] = sums.get(k, 0.0) + float(out[k].detach())
                 n += 1

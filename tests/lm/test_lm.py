@@ -8,7 +8,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from klppo.core.kl_gradient_claims import KLGradientWarning  # noqa: E402
-from klppo.lm.config import RLHFConfig, kl_gradient_warning  # noqa: E402
+from klppo.lm.config import ConfigError, RLHFConfig, kl_gradient_warning, validate_rlhf  # noqa: E402
 from klppo.lm.model import (  # noqa: E402
     PolicyWithValue,
     frozen_reference,
@@ -101,27 +101,29 @@ def test_saved_model_loads_with_auto_classes(tiny_model_dir):
         load_lm(tiny_model_dir / "nope")
 
 
-@pytest.mark.parametrize("placement, estimator", [("reward", "k1"), ("loss", "k3"),
-                                                  ("reward", "full")])
+@pytest.mark.parametrize("placement, estimator, form", [
+    ("reward", "k1", None), ("loss", "k3", "k3"), ("loss", "k3", None), ("reward", "full", None)])
 def test_two_iteration_run_writes_the_expected_metrics(tiny_model_dir, tmp_path, placement,
-                                                       estimator):
+                                                       estimator, form):
     cfg = RLHFConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), iterations=2,
                      batch_size=4, minibatch_size=2, prompt_len=6, response_len=5,
                      eval_every=1, eval_windows=2, controller="proportional", beta=0.1,
-                     target=1.0, ppo_epochs=1, kl_placement=placement, kl_estimator=estimator)
+                     target=1.0, ppo_epochs=1, kl_placement=placement, kl_estimator=estimator,
+                     kl_loss=form)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # counts every call, not only the first per place
         res = rlhf(cfg, reward=lambda p, r: [float(len(x) % 3) for x in r])
     said = [str(w.message) for w in caught if issubclass(w.category, KLGradientWarning)]
-    if (placement, estimator) == ("reward", "k1"):  # the unbiased one: silent
-        assert said == []
-    else:  # once per run, naming the setting, the combination, its KL and the unbiased form
+    if (placement, estimator) == ("reward", "k1") or (placement, form) == ("loss", None):
+        assert said == []  # the unbiased ones (k1 in the reward, k2_sequence in the loss): silent
+    else:  # once per run, naming the setting, the combination, its KL and the unbiased forms
         [msg] = said
         assert f"kl_estimator={estimator}, kl_placement={placement}" in msg
         assert {"loss": "k3 in the loss", "reward": f"{estimator} in the reward"}[placement] in msg
         assert "neither KL(policy || reference) nor KL(reference || policy)" in msg
-        assert "unbiased form of KL(policy || reference) here: kl_estimator=k1 with " \
-               "kl_placement=reward" in msg
+        assert "unbiased forms of KL(policy || reference) here: kl_estimator=k1 with " \
+               "kl_placement=reward or kl_placement=loss with kl_loss=k2_sequence or " \
+               "kl_placement=loss with kl_loss=k3_ratio" in msg
     recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(recs) == 2
     for k in ("score", "kl", "kl_unit", "kl_k1_per_sequence_sum", "kl_k3_per_sequence_sum",
@@ -133,7 +135,9 @@ def test_two_iteration_run_writes_the_expected_metrics(tiny_model_dir, tmp_path,
     assert recs[0]["kl"] == 0.0 and recs[0]["kl_unit"] == "per_sequence_sum"
     assert recs[1]["beta"] == recs[0]["beta_after"]
     assert (res.run_dir / "policy" / "config.json").exists()
-    assert ("kl_loss_k3" in recs[1]) == (placement == "loss")
+    assert ("kl_loss" in recs[1]) == (placement == "loss")
+    if placement == "loss":
+        assert recs[1]["kl_loss_form"] == (form or "k2_sequence")
     assert recs[1]["kl_estimator"] == estimator
     assert json.loads((res.run_dir / "status.json").read_text())["state"] == "finished"
 
@@ -141,13 +145,17 @@ def test_two_iteration_run_writes_the_expected_metrics(tiny_model_dir, tmp_path,
 def test_kl_gradient_warning_names_the_kl_each_setting_descends():
     warn = lambda **kw: kl_gradient_warning(RLHFConfig(**kw))
     assert warn(kl_estimator="k1", kl_placement="reward") is None
-    # the loss is k3 whatever kl_estimator says (which then only measures the KL)
+    # the loss is its kl_loss form whatever kl_estimator says (which then only measures the KL)
     for est in ("k1", "k3", "full"):
-        msg = warn(kl_estimator=est, kl_placement="loss", response_len=1)
+        msg = warn(kl_estimator=est, kl_placement="loss", kl_loss="k3", response_len=1)
         assert "k3 in the loss (per token, on-policy, 1 token)" in msg
         assert "KL(reference || policy), the forward KL" in msg
-    msg = warn(kl_estimator="k3", kl_placement="loss", response_len=24)
+        for form in ("k2_sequence", "k3_ratio", None):  # unbiased over whole responses
+            assert warn(kl_estimator=est, kl_placement="loss", kl_loss=form) is None
+    msg = warn(kl_estimator="k3", kl_placement="loss", kl_loss="k3", response_len=24)
     assert "24 tokens" in msg and "(for a single token: KL(reference || policy)" in msg
+    with pytest.raises(ConfigError, match=r"kl_loss='k3': only kl_placement=loss reads it"):
+        validate_rlhf(RLHFConfig(kl_loss="k3"))
     for est in ("k3", "full", "k3_flipped", "tutorial"):
         assert f"{est} in the reward" in warn(kl_estimator=est, kl_placement="reward")
 

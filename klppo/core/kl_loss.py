@@ -1,0 +1,64 @@
+"""The KL to the reference as a term of the loss, per sequence, in three forms.
+
+A KL penalty in the loss (GRPO's placement) is differentiated through ``log pi``. Which KL its
+expected gradient descends depends on the estimator, its granularity and the importance
+correction (:mod:`klppo.core.kl_gradients`, ``klppo verify``). Per token over sequences, every
+estimator misses how a token changes the later states, so per-token forms descend neither KL;
+two forms the exact enumeration finds unbiased for ``KL(pi || pi_ref)`` over whole sequences:
+
+* ``k2_sequence``: ``sg(w) * (D^2 / 2)`` with ``D = sum_t (log pi_t - log pi_ref_t)`` the
+  sequence log-ratio and ``w = pi(y) / pi_old(y)`` the sequence's importance ratio, detached
+  (1 on the first pass over a batch): ``E_pi[D grad log pi(y)]`` is the reverse KL's gradient
+  (the cells "k2 in the loss, on the sequence log-ratio, on-policy / detached ratio");
+* ``k3_ratio``: ``w * sum_t k3_t`` with ``w`` differentiated: ``grad E_pi[sum_t k3_t]``, the
+  gradient of the reverse KL because ``k3``'s mean is the KL (the cell "k3 in the loss, per
+  token, differentiated ratio"; arXiv:2505.17508, arXiv:2512.21852);
+* ``k3``: ``sum_t k3_t`` (GRPO's and TRL's form without the ratio): per token the forward KL
+  on-policy, over sequences neither.
+
+Each returns one value per sequence (nats per sequence; ``k2_sequence``'s mean is the KL only
+to second order). ``w`` can be large when ``pi`` has moved far from ``pi_old``: it is the exact
+correction, not a clipped one.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+
+from klppo.core.kl import ESTIMATORS, per_sequence_sum
+
+__all__ = ["KLLossForm", "KL_LOSS_FORMS", "kl_loss_terms", "kl_loss_combination"]
+
+KLLossForm = Literal["k2_sequence", "k3_ratio", "k3"]
+KL_LOSS_FORMS: tuple[str, ...] = get_args(KLLossForm)
+
+
+def kl_loss_terms(form: str, logp: torch.Tensor, logp_ref: torch.Tensor,
+                  logp_old: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B]`` per-sequence KL terms of ``[B, T]`` token log-probabilities under the policy
+    (with gradient), the reference and the sampling policy, over the valid tokens of ``mask``."""
+    d = logp - logp_ref
+    if form == "k2_sequence":
+        big_d = per_sequence_sum(d, mask)
+        w = torch.exp(per_sequence_sum(logp - logp_old, mask)).detach()
+        return w * 0.5 * big_d * big_d
+    k3 = per_sequence_sum(ESTIMATORS["k3"](-d), mask)
+    if form == "k3_ratio":
+        return torch.exp(per_sequence_sum(logp - logp_old.detach(), mask)) * k3
+    if form == "k3":
+        return k3
+    raise ValueError(f"kl_loss must be one of {', '.join(KL_LOSS_FORMS)}, got kl_loss={form!r}")
+
+
+def kl_loss_combination(form: str, first_pass: bool = True) -> tuple[str, str, str]:
+    """``(estimator, granularity, correction)`` of the form in :mod:`klppo.core.kl_gradients`
+    (placement ``loss``), on the first pass over a batch or on a later one."""
+    if form == "k2_sequence":
+        return "k2", "sequence", "on_policy" if first_pass else "ratio"
+    if form == "k3_ratio":
+        return "k3", "token", "ratio_grad"
+    if form == "k3":
+        return "k3", "token", "on_policy" if first_pass else "none"
+    raise ValueError(f"kl_loss must be one of {', '.join(KL_LOSS_FORMS)}, got kl_loss={form!r}")
