@@ -130,7 +130,18 @@ class PPOConfig:
     value_loss: ValueLossKind = "l2"
     """critic loss: l2 (0.5 (V-R)^2), l1, smooth_l1"""
     ent_coef: float = field(default=0.0, metadata=at_least(0, integer=False))
-    """entropy bonus weight"""
+    """entropy bonus weight (with ent_target: the controller's starting value)"""
+    ent_target: float | None = None
+    """target policy entropy, nats per sample (mean over the rollout's samples): ent_coef is
+    then driven after every update by ent_controller towards it (klppo.core.entropy_control;
+    None: a constant ent_coef)"""
+    ent_controller: ControllerName = "proportional"
+    """the rule driving ent_coef (any KL controller rule, fed the entropy mirrored about the
+    target), with the rule's default settings"""
+    ent_coef_min: float = field(default=1e-5, metadata=above(0))
+    """lower bound of the driven ent_coef"""
+    ent_coef_max: float = field(default=0.1, metadata=above(0))
+    """upper bound of the driven ent_coef"""
     norm_adv: NormScope = "rollout"
     """advantage normalisation: once per rollout, per minibatch, or none"""
     target_kl: float | None = field(default=None, metadata=above(0))

@@ -5,6 +5,7 @@ all once, early, and raises :class:`~klppo.runs.errors.ConfigError` naming the f
 
 from __future__ import annotations
 
+import math
 from typing import Any, get_args
 
 from klppo.core.controllers import CONTROLLERS, is_fixed_fallback, make_controller
@@ -87,6 +88,7 @@ def _validate_numbers(cfg: TrainConfig) -> None:
                    "probability difference: it must be in (0, 1]")
     if p.early_stop != "none" and p.target_kl is None:
         raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
+    _validate_entropy(p)
     _validate_anneal_from(cfg)
     r = cfg.rollout
     if r.env_backend == "envpool" and (r.vectorization != "auto" or ":" in cfg.env
@@ -97,6 +99,27 @@ def _validate_numbers(cfg: TrainConfig) -> None:
     if cfg.envpool_threads != 1 and r.env_backend != "envpool":
         raise _bad("envpool_threads", cfg.envpool_threads, "only rollout.env_backend envpool "
                    "reads it")
+
+
+def _validate_entropy(p: Any) -> None:
+    """The entropy controller's settings: read only with ``ppo.ent_target``, a start inside its
+    bounds (a start of 0 would switch the bonus's gradient off)."""
+    if p.ent_target is None:
+        for name, default in (("ent_controller", "proportional"), ("ent_coef_min", 1e-5),
+                              ("ent_coef_max", 0.1)):
+            if getattr(p, name) != default:
+                raise _bad(f"ppo.{name}", getattr(p, name), "only ppo.ent_target reads it")
+        return
+    if not (math.isfinite(p.ent_target) and p.ent_target > 0):
+        raise _bad("ppo.ent_target", p.ent_target, "must be a finite entropy > 0 (nats)")
+    if not p.ent_coef_min < p.ent_coef_max:
+        raise _bad("ppo.ent_coef_max", p.ent_coef_max, f"must be > ppo.ent_coef_min="
+                   f"{p.ent_coef_min}")
+    if not p.ent_coef_min <= p.ent_coef <= p.ent_coef_max:
+        raise _bad("ppo.ent_coef", p.ent_coef, f"must start in [ppo.ent_coef_min, "
+                   f"ppo.ent_coef_max] = [{p.ent_coef_min}, {p.ent_coef_max}] with ppo.ent_target")
+    if p.ent_controller not in CONTROLLERS:
+        raise _bad("ppo.ent_controller", p.ent_controller, f"must be one of {sorted(CONTROLLERS)}")
 
 
 def _validate_anneal_from(cfg: TrainConfig) -> None:

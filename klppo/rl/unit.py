@@ -93,6 +93,8 @@ class PolicyUnit:
             self.learner.actuation.state_dict(),
             "band_controller": None if self.learner.band is None else
             self.learner.band.state_dict(),
+            "entropy_control": None if self.learner.entropy is None else
+            self.learner.entropy.state_dict(),
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
@@ -110,6 +112,11 @@ class PolicyUnit:
             self.learner.actuation.load_state_dict(s["actuator"])
         if self.learner.band is not None:
             self.learner.band.load_state_dict(s["band_controller"])
+        if self.learner.entropy is not None:
+            if s.get("entropy_control") is None:
+                raise RuntimeError("the checkpoint holds no entropy controller state (written "
+                                   "without ppo.ent_target); resume with the run's own config")
+            self.learner.load_entropy_state(s["entropy_control"])
 
     def start_iteration(self, it: int) -> float:
         """Set iteration ``it``'s learning rate and return it: the schedule's

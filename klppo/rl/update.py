@@ -24,6 +24,7 @@ from klppo.core._checks import validation
 from klppo.core.advantages import normalize_advantage
 from klppo.core.controllers import KLController
 from klppo.core.diagnostics import policy_diagnostics
+from klppo.core.entropy_control import make_entropy_control
 from klppo.core.kl import k3
 from klppo.core.loss import PPOLoss
 from klppo.core.objectives import Knobs
@@ -177,6 +178,9 @@ class Learner:
         self.uses_beta = loss.policy.uses_beta
         self.actuation = Actuation.from_config(cfg, backend, loss)
         self.band = BandControl.from_config(cfg, backend, loss)
+        p = cfg.ppo
+        self.entropy = None if p.ent_target is None else make_entropy_control(
+            p.ent_controller, p.ent_coef, p.ent_target, p.ent_coef_min, p.ent_coef_max)
         self.schedule = Schedule(cfg, controller, self.uses_beta, self.actuation, self.band)
 
     def set_lr(self, lr: float) -> None:
@@ -209,7 +213,23 @@ class Learner:
             metrics.update(self.actuation.metrics())
         if self.band is not None:
             metrics.update(self.band.metrics())
+        if self.entropy is not None and "entropy" in metrics:
+            metrics.update(self.drive_entropy(metrics["entropy"], B))
         return UpdateResult(metrics, sched.updates)
+
+    def drive_entropy(self, entropy: float, n: int) -> dict[str, float]:
+        """Feed the update's mean entropy to the entropy controller and set the coefficient
+        the next update uses; the metrics ``ent_coef`` (used) and ``ent_coef_next``."""
+        assert self.entropy is not None
+        used = self.loss.ent_coef
+        self.loss.ent_coef = self.entropy.update(entropy, n_steps=n)
+        return {"ent_coef": used, "ent_coef_next": self.loss.ent_coef}
+
+    def load_entropy_state(self, state: dict[str, Any]) -> None:
+        """Restore the entropy controller and the coefficient it had set."""
+        assert self.entropy is not None
+        self.entropy.load_state_dict(state)
+        self.loss.ent_coef = self.entropy.value
 
     @torch.no_grad()
     def diagnostics(self, batch: Batch, steps: list[StepResult]) -> dict[str, float]:

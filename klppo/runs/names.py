@@ -26,7 +26,7 @@ NAMESPACES: dict[str, str] = {
     "entropy": "policy", "ratio_": "policy", "clip_fraction": "policy", "frac_": "policy",
     "early_stop": "policy", "epochs": "policy", "minibatch_steps": "policy",
     "kl": "kl", "beta": "kl", "controller_": "kl", "clip_eps": "kl", "actuator_": "kl",
-    "update_fraction": "policy", "bapo_": "policy",
+    "update_fraction": "policy", "bapo_": "policy", "ent_coef": "policy",
     "sps": "perf", "time_": "perf",
 }
 

@@ -28,6 +28,10 @@ CASES = {
                                                "--ppo.no-anneal-lr"]),
     # BAPO's clip bounds: chosen per minibatch from the resumed parameters, record checkpointed
     "cartpole_bapo": ("klip/cartpole", ["--total-steps", "3072", "--ppo.band-controller", "bapo"]),
+    # the entropy coefficient goes on from its controller's checkpointed state (PID integrator)
+    "cartpole_entropy_control": ("klip/cartpole", [
+        "--total-steps", "3072", "--ppo.ent-coef", "0.01", "--ppo.ent-target", "0.66",
+        "--ppo.ent-controller", "pid"]),
     "lunarlander": ("klip/lunarlander", ["--total-steps", "8192", "--rollout.num-steps", "128"]),
     "hopper": ("klip/hopper", ["--total-steps", "2560", "--rollout.num-steps", "512"]),
     "ant_v5": ("klip/ant-v5", ["--total-steps", "1280", "--rollout.num-steps", "256"]),
