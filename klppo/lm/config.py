@@ -180,6 +180,15 @@ class RLHFConfig:
         default=20, metadata=at_least(0))
     """KL monitor: iterations in which "too low" is not counted until the KL first reaches
     monitor_low x the target (the KL to the reference starts at 0 and ramps up)"""
+    ref_reset_every: int | None = field(default=None, metadata=at_least(1))
+    """reference reset / sync every this many iterations, after the update (None: never)"""
+    ref_reset_kl: float | None = field(default=None, metadata=above(0))
+    """reference reset / sync after an iteration whose measured KL (kl_unit) exceeds this
+    bound (None: never); with ref_reset_every, either triggers"""
+    ref_reset_mix: float = field(default=1.0, metadata={"range": Range(
+        0, 1, low_open=True, text="must be in (0, 1]")})
+    """at a reset, ref <- mix * policy + (1 - mix) * ref, parameter by parameter: 1 a hard
+    reset (the policy becomes the reference); TRL's sync_ref_model uses 0.6 (TR-DPO)"""
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     """where the policy and the reference run (auto: cuda when available); the reward model
     and the bookkeeping stay on the CPU"""
@@ -220,6 +229,9 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     if not (c.monitor_high > 1 and 0 < c.monitor_low < 1 and c.monitor_patience >= 1):
         raise _bad("monitor_high/low/patience", (c.monitor_high, c.monitor_low,
                    c.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
+    if c.ref_reset_mix != 1.0 and c.ref_reset_every is None and c.ref_reset_kl is None:
+        raise _bad("ref_reset_mix", c.ref_reset_mix, "only a reference reset (ref_reset_every "
+                   "or ref_reset_kl) reads it")
     if c.kl_loss is not None and c.kl_placement != "loss":
         raise _bad("kl_loss", c.kl_loss, "only kl_placement=loss reads it")
     _check_objective(c)

@@ -40,7 +40,7 @@ from klppo.lm.config import (
     objective_knobs,
     validate_rlhf,
 )
-from klppo.lm.model import PolicyWithValue, frozen_reference, load_lm
+from klppo.lm.model import PolicyWithValue, frozen_reference, load_lm, mix_reference
 from klppo.lm.pretrain import encode, perplexity
 from klppo.lm.reward import RewardFn, checked, make_reward
 from klppo.lm.sampling import generate, response_mask
@@ -163,6 +163,7 @@ class Experiment:
                                     cfg.monitor_warmup)
         _say_what_the_choices_mean(cfg)
         self.iteration = 0
+        self.ref_resets = 0
 
     # ------------------------------------------------ the run lifecycle's Trainer protocol
     @property
@@ -199,7 +200,10 @@ class Experiment:
                 "opt": self.opt.state_dict(), "ctrl": self.ctrl.state_dict(),
                 "gen": self.gen.get_state(), "rng": self.rng.bit_generator.state,
                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
-                "ppl_initial": self.ppl_initial, "kl_monitor": self.kl_monitor.state_dict()}
+                "ppl_initial": self.ppl_initial, "kl_monitor": self.kl_monitor.state_dict(),
+                # the reference only once a reset has moved it (else the model file has it)
+                "ref": self.ref.state_dict() if self.ref_resets else None,
+                "ref_resets": self.ref_resets}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.policy.load_state_dict(s["policy"])
@@ -212,7 +216,24 @@ class Experiment:
         self.ppl_initial = float(s.get("ppl_initial", self.ppl_initial))
         if "kl_monitor" in s:
             self.kl_monitor.load_state_dict(s["kl_monitor"])
+        self.ref_resets = int(s.get("ref_resets", 0))
+        if self.ref_resets:
+            self.ref.load_state_dict(s["ref"])
         self.iteration = int(s["iteration"])
+
+    def reset_reference(self, it: int, measured: float) -> dict[str, Any]:
+        """After the update of iteration ``it``: move the reference towards the policy when
+        ``ref_reset_every`` divides ``it`` or the measured KL exceeds ``ref_reset_kl``; the
+        metrics ``ref_reset`` (0 / 1) and ``ref_resets`` (the run's count), when either is on."""
+        c = self.cfg
+        if c.ref_reset_every is None and c.ref_reset_kl is None:
+            return {}
+        due = (c.ref_reset_every is not None and it % c.ref_reset_every == 0) or (
+            c.ref_reset_kl is not None and measured > c.ref_reset_kl)
+        if due:
+            mix_reference(self.ref, self.policy.lm, c.ref_reset_mix)
+            self.ref_resets += 1
+        return {"ref_reset": int(due), "ref_resets": self.ref_resets}
 
     # ---------------------------------------------------------------- phases
     def prompts(self) -> torch.Tensor:
@@ -237,6 +258,7 @@ class Experiment:
         t3 = time.perf_counter()
         measured = measure_kl(b["kl"], b["mask"], c.kl_unit)
         self.ctrl.update(measured, n_steps=c.batch_size)                    # 4. controller
+        reset = self.reset_reference(it, measured)
         alarm = self.kl_monitor.update(measured)
         if alarm.message:
             log.warning("iteration %d: %s", it, alarm.message)
@@ -244,7 +266,7 @@ class Experiment:
         n_tok = int(b["mask"].sum())
         m: dict[str, Any]
         m = {**self.metrics(it, beta, measured, b, responses),              # 5. log
-             **alarm.as_metrics(),
+             **alarm.as_metrics(), **reset,
              "tokens_per_second_generation": n_tok / max(t1 - t0, 1e-9),
              "tokens_per_second_scoring": n_tok / max(t2 - t1, 1e-9),
              "tokens_per_second_training": n_tok * c.ppo_epochs / max(t3 - t2, 1e-9),

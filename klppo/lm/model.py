@@ -161,6 +161,18 @@ class PolicyWithValue(nn.Module):
         return out.logits, values
 
 
+@torch.no_grad()
+def mix_reference(ref: nn.Module, lm: nn.Module, mix: float) -> None:
+    """Move the reference towards the policy, parameter by parameter:
+    ``ref <- mix * lm + (1 - mix) * ref`` (``mix`` 1: a copy, a hard reset; TRL's
+    ``sync_ref_model`` / TR-DPO: ``ref_model_mixup_alpha``)."""
+    for r, p in zip(ref.parameters(), lm.parameters(), strict=True):
+        if mix == 1.0:
+            r.copy_(p)
+        else:
+            r.mul_(1.0 - mix).add_(p.detach(), alpha=mix)
+
+
 def frozen_reference(lm: nn.Module) -> nn.Module:
     """A deep copy of the initial policy, in eval mode, without gradients."""
     ref = copy.deepcopy(lm).eval()
