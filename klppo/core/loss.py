@@ -168,6 +168,7 @@ class PPOLoss:
         diagnostics: bool = True,
         per_sample: bool = False,
         sequence_ids: torch.Tensor | None = None,
+        sample_weight: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Loss terms and diagnostics for one minibatch of ``B`` samples.
 
@@ -186,6 +187,9 @@ class PPOLoss:
                 as ``per_sample/<name>`` (for such a loop's diagnostics).
             sequence_ids: ``[B]`` int, the sequence each sample (token) belongs to; needed by
                 the sequence-level objectives (``level == "sequence"``), ignored by the others.
+            sample_weight: ``[B]`` detached weights multiplying each sample's objective before
+                the mean (a training-inference mismatch correction, :mod:`klppo.core.mismatch`;
+                0 masks a sample out); the critic and entropy terms are not weighted.
 
         Returns:
             ``loss`` (to minimise), ``loss_objective``, ``loss_critic``, ``loss_entropy`` and
@@ -209,7 +213,11 @@ class PPOLoss:
             term = self.policy.term(ratio, logp_new, logp_old, adv, kl, beta,
                                     want_beta=diagnostics or per_sample)
         zero = logp_new.new_zeros(())
-        out: dict[str, torch.Tensor] = {"loss_objective": -term.objective.mean()}
+        objective = term.objective
+        if sample_weight is not None:
+            check_same_shape(logp_new=logp_new, sample_weight=sample_weight)
+            objective = sample_weight.detach() * objective
+        out: dict[str, torch.Tensor] = {"loss_objective": -objective.mean()}
         diag: dict[str, torch.Tensor] = {}
         if per_sample:
             diag["per_sample/ratio"] = ratio.detach()

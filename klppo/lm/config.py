@@ -13,6 +13,7 @@ from klppo.core.kl_gradient_claims import claimed, gradient_warning
 from klppo.core.kl_gradients import Combination
 from klppo.core.kl_loss import KLLossForm, kl_loss_combination
 from klppo.core.loss import ObjectiveName
+from klppo.core.mismatch import MismatchCorrection
 from klppo.core.objective_base import BAND_KNOBS, KNOB_NAMES, Knobs
 from klppo.runs.configfile import field_hints, overlay
 from klppo.runs.device import resolve_device
@@ -180,6 +181,19 @@ class RLHFConfig:
         default=20, metadata=at_least(0))
     """KL monitor: iterations in which "too low" is not counted until the KL first reaches
     monitor_low x the target (the KL to the reference starts at 0 and ramps up)"""
+    rollout_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """precision of the copy of the policy that samples the responses (an inference engine's):
+    bfloat16 / float16 make it differ from the float32 policy being trained (the
+    training-inference mismatch, logged as mismatch_*)"""
+    mismatch_correction: MismatchCorrection = "none"
+    """the per-token weight pi_old / pi_rollout on the objective (klppo.core.mismatch): none,
+    tis (truncated at mismatch_upper, 2), mis (the response's ratio, the response masked above
+    mismatch_upper, 2), icepop (tokens outside [mismatch_lower, mismatch_upper] = [0.5, 5]
+    masked)"""
+    mismatch_upper: float | None = field(default=None, metadata=above(0))
+    """upper bound of the correction (None: its source's default)"""
+    mismatch_lower: float | None = field(default=None, metadata=above(0))
+    """icepop: lower bound (None: 0.5)"""
     ref_reset_every: int | None = field(default=None, metadata=at_least(1))
     """reference reset / sync every this many iterations, after the update (None: never)"""
     ref_reset_kl: float | None = field(default=None, metadata=above(0))
@@ -232,6 +246,7 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     if c.ref_reset_mix != 1.0 and c.ref_reset_every is None and c.ref_reset_kl is None:
         raise _bad("ref_reset_mix", c.ref_reset_mix, "only a reference reset (ref_reset_every "
                    "or ref_reset_kl) reads it")
+    _check_mismatch(c)
     if c.kl_loss is not None and c.kl_placement != "loss":
         raise _bad("kl_loss", c.kl_loss, "only kl_placement=loss reads it")
     _check_objective(c)
@@ -243,6 +258,25 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
 def objective_knobs(c: RLHFConfig) -> Knobs:
     """The objective's own settings from the config."""
     return Knobs(**{k: getattr(c, k) for k in KNOB_NAMES})
+
+
+def _check_mismatch(c: RLHFConfig) -> None:
+    """Bounds only where a correction reads them; a correction needs temperature 1 (else the
+    ratio would hold the temperature as well as the precision)."""
+    if c.mismatch_correction == "none":
+        for name in ("mismatch_upper", "mismatch_lower"):
+            if getattr(c, name) is not None:
+                raise _bad(name, getattr(c, name), "only a mismatch_correction reads it")
+        return
+    if c.mismatch_lower is not None and c.mismatch_correction != "icepop":
+        raise _bad("mismatch_lower", c.mismatch_lower, "only mismatch_correction=icepop reads it")
+    lo = 0.5 if c.mismatch_lower is None else c.mismatch_lower
+    if c.mismatch_correction == "icepop" and c.mismatch_upper is not None and \
+            not lo < c.mismatch_upper:
+        raise _bad("mismatch_upper", c.mismatch_upper, f"must be > mismatch_lower={lo}")
+    if c.temperature != 1.0:
+        raise _bad("mismatch_correction", c.mismatch_correction, f"needs temperature 1 (got "
+                   f"{c.temperature}): the sampler's ratio would also hold the temperature")
 
 
 def _check_objective(c: RLHFConfig) -> None:

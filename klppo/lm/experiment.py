@@ -31,6 +31,7 @@ from klppo.core.kl import NOT_KL, per_sequence_sum, per_token_mean
 from klppo.core.kl_gradient_claims import KLGradientWarning
 from klppo.core.kl_loss import kl_loss_terms
 from klppo.core.loss import PPOLoss
+from klppo.core.mismatch import mismatch_stats, mismatch_weights
 from klppo.core.monitor import KLMonitor
 from klppo.lm.config import (
     ConfigError,
@@ -40,7 +41,14 @@ from klppo.lm.config import (
     objective_knobs,
     validate_rlhf,
 )
-from klppo.lm.model import PolicyWithValue, frozen_reference, load_lm, mix_reference
+from klppo.lm.model import (
+    PolicyWithValue,
+    frozen_reference,
+    load_lm,
+    mix_reference,
+    rollout_copy,
+    sync_rollout,
+)
 from klppo.lm.pretrain import encode, perplexity
 from klppo.lm.reward import RewardFn, checked, make_reward
 from klppo.lm.sampling import generate, response_mask
@@ -137,6 +145,8 @@ class Experiment:
         self.ref = frozen_reference(lm).to(self.device)
         self.policy = PolicyWithValue(lm).to(self.device)
         self.policy.train()
+        self.rollout_lm = None if cfg.rollout_dtype == "float32" else rollout_copy(
+            self.policy.lm, getattr(torch, cfg.rollout_dtype))
         self.reward = reward or make_reward(cfg.reward)
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr, eps=1e-5)
         try:
@@ -249,10 +259,14 @@ class Experiment:
         t0 = time.perf_counter()
         prompts = self.prompts()                                            # 1. collect
         self.policy.eval()
-        responses, _ = generate(self.policy.lm, prompts, c.response_len, self.gen,
-                                c.temperature)
+        sampler = self.policy.lm
+        if self.rollout_lm is not None:  # the inference engine's copy, in its precision
+            sampler = sync_rollout(self.rollout_lm, self.policy.lm)
+        responses, logp_rollout = generate(sampler, prompts, c.response_len, self.gen,
+                                           c.temperature)
         t1 = time.perf_counter()
         b = self.score(prompts, responses, beta)                            # 2. score, GAE
+        b.update(self.mismatch(b, logp_rollout.cpu()))
         t2 = time.perf_counter()
         stats = self.update(prompts, responses, b, beta)                    # 3. update
         t3 = time.perf_counter()
@@ -266,7 +280,7 @@ class Experiment:
         n_tok = int(b["mask"].sum())
         m: dict[str, Any]
         m = {**self.metrics(it, beta, measured, b, responses),              # 5. log
-             **alarm.as_metrics(), **reset,
+             **alarm.as_metrics(), **reset, **b["mismatch"],
              "tokens_per_second_generation": n_tok / max(t1 - t0, 1e-9),
              "tokens_per_second_scoring": n_tok / max(t2 - t1, 1e-9),
              "tokens_per_second_training": n_tok * c.ppo_epochs / max(t3 - t2, 1e-9),
@@ -305,6 +319,18 @@ class Experiment:
         adv = torch.where(mask, (adv - valid.mean()) / (valid.std() + 1e-8), torch.zeros(()))
         return {"mask": mask, "s": s, "score": score, "kl": kl, "adv": adv, "ret": ret,
                 "texts_p": texts_p, "texts_r": texts_r}
+
+    def mismatch(self, b: dict[str, Any], logp_rollout: torch.Tensor) -> dict[str, Any]:
+        """The per-token weights of the mismatch correction (``weights``, None when there is
+        nothing to correct) and the mismatch's size (``mismatch``: metrics)."""
+        c = self.cfg
+        if self.rollout_lm is None and c.mismatch_correction == "none":
+            return {"weights": None, "mismatch": {}}
+        log_ratio = b["s"]["logp"] - logp_rollout
+        w = mismatch_weights(log_ratio, b["mask"], c.mismatch_correction, c.mismatch_upper,
+                             c.mismatch_lower)
+        return {"weights": None if c.mismatch_correction == "none" else w,
+                "mismatch": mismatch_stats(log_ratio, b["mask"], w)}
 
     def metrics(self, it: int, beta: float, measured: float, b: dict[str, Any],
                 responses: torch.Tensor) -> dict[str, Any]:
@@ -346,9 +372,11 @@ class Experiment:
                 idx = perm[i:i + c.minibatch_size]
                 cur = score_sequences(self.policy, None, prompts[idx], responses[idx], grad=True)
                 mk = mask[idx]
+                w = None if b["weights"] is None else b["weights"].to(dev)[idx][mk]
                 out = self.loss(cur["logp"][mk], logp_old[idx][mk], adv[idx][mk],
                                 cur["values"][mk], ret[idx][mk], v_old[idx][mk],
-                                sequence_ids=mk.nonzero()[:, 0])  # each token's sequence
+                                sequence_ids=mk.nonzero()[:, 0],  # each token's sequence
+                                sample_weight=w)
                 loss = out["loss"]
                 if c.kl_placement == "loss":  # beta * the kl_loss form, mean over responses
                     kl_loss = kl_loss_terms(kl_loss_form(c), cur["logp"], logp_ref[idx],

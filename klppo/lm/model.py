@@ -161,6 +161,24 @@ class PolicyWithValue(nn.Module):
         return out.logits, values
 
 
+def rollout_copy(lm: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy of the policy in ``dtype``, in eval mode, without gradients: the sampler of a
+    run whose inference engine works in another precision than training."""
+    out = copy.deepcopy(lm).to(dtype).eval()
+    for p in out.parameters():
+        p.requires_grad_(False)
+    return out
+
+
+@torch.no_grad()
+def sync_rollout(rollout: nn.Module, lm: nn.Module) -> nn.Module:
+    """Load the policy's current weights into the rollout copy (cast to its precision), as an
+    inference engine is synced before it generates; returns ``rollout``."""
+    for r, p in zip(rollout.parameters(), lm.parameters(), strict=True):
+        r.copy_(p)
+    return rollout
+
+
 @torch.no_grad()
 def mix_reference(ref: nn.Module, lm: nn.Module, mix: float) -> None:
     """Move the reference towards the policy, parameter by parameter:

@@ -1,0 +1,66 @@
+"""`klppo rlhf --rollout-dtype bfloat16`: responses sampled by a bfloat16 copy of the float32
+policy, the mismatch logged, and each correction's weights reaching the loss."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from klppo.core.loss import PPOLoss  # noqa: E402
+from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf  # noqa: E402
+from klppo.lm.rlhf import RLHFError, resume_rlhf, rlhf  # noqa: E402
+from tests.lm.conftest import TINY  # noqa: E402
+from tests.lm.test_resume import Crash, reward, strip  # noqa: E402
+
+
+def _cfg(model, out, **kw):
+    return RLHFConfig(model=str(model), out=str(out), **{**TINY, "iterations": 3, **kw})
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis", "icepop"])
+def test_a_bfloat16_sampler_is_measured_and_corrected(tiny_model_dir, tmp_path, monkeypatch,
+                                                      correction):
+    seen = []
+    call = PPOLoss.__call__
+
+    def spy(self, *args, sample_weight=None, **kwargs):
+        seen.append(sample_weight)
+        return call(self, *args, sample_weight=sample_weight, **kwargs)
+
+    monkeypatch.setattr(PPOLoss, "__call__", spy)
+    res = rlhf(_cfg(tiny_model_dir, tmp_path / "run", rollout_dtype="bfloat16",
+                    mismatch_correction=correction), reward=reward)
+    for m in res.metrics:
+        assert m["mismatch_kl_k3"] > 0 and m["mismatch_ratio_max"] > 1  # bf16 != fp32
+        assert 0 <= m["mismatch_zeroed"] < 1
+    assert seen and all(w is not None and not torch.all(w == 1) for w in seen)
+
+
+def test_float32_sampling_logs_nothing_and_weights_nothing(tiny_model_dir, tmp_path):
+    res = rlhf(_cfg(tiny_model_dir, tmp_path / "run"), reward=reward)
+    assert not any(k.startswith("mismatch_") for k in res.metrics[0])
+
+
+def test_a_resume_with_a_bfloat16_sampler_is_exact(tiny_model_dir, tmp_path):
+    """The sampler is synced from the policy before every generation: derived state, nothing
+    to checkpoint; a crash after iteration 5 (checkpoint at 3) resumes to the same metrics."""
+    kw = dict(rollout_dtype="bfloat16", mismatch_correction="tis", iterations=6)
+    full = rlhf(_cfg(tiny_model_dir, tmp_path / "full", **kw), reward=reward)
+    run = tmp_path / "run"
+
+    def crash(m):
+        if m["iteration"] == 5:
+            raise Crash("simulated crash")
+
+    with pytest.raises(RLHFError):
+        rlhf(_cfg(tiny_model_dir, run, **kw), reward=reward, on_iteration=crash)
+    assert strip(resume_rlhf(run, reward=reward).metrics) == strip(full.metrics)
+
+
+def test_mismatch_settings_are_refused_where_nothing_reads_them():
+    with pytest.raises(ConfigError, match=r"mismatch_upper=3.0: only a mismatch_correction"):
+        validate_rlhf(RLHFConfig(mismatch_upper=3.0))
+    with pytest.raises(ConfigError, match=r"mismatch_lower=0.2: only mismatch_correction=icepop"):
+        validate_rlhf(RLHFConfig(mismatch_correction="tis", mismatch_lower=0.2))
+    with pytest.raises(ConfigError, match=r"mismatch_correction='tis': needs temperature 1"):
+        validate_rlhf(RLHFConfig(mismatch_correction="tis", temperature=0.7))
