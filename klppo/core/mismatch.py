@@ -15,7 +15,16 @@ sources' defaults:
   et al. 2025, "When speed kills stability"; verl's sequence IS with rejection);
 * ``icepop``: ``rho_t`` where ``lower <= rho_t <= upper`` (0.5, 5), 0 outside (the Ring-1T
   report, 2025; verl's ``token_icepop``);
+* ``m2po``: the second-moment trust region for stale rollouts (Zheng et al. 2025, "Prosperity
+  before collapse", arXiv:2510.01161; AReaL's ``m2_threshold``): weight 1, except the tokens of
+  largest ``(log rho_t)^2``, masked (0) one by one until the mean of ``(log rho_t)^2`` over the
+  tokens kept is at most ``upper`` (0.04). The paper pairs it with the unclipped objective
+  (``objective=unclipped``);
 * ``none``: weight 1 (the mismatch is measured, not corrected).
+
+The same weights serve a stale sampler (``staleness`` k: the policy k updates back samples):
+with ``tis`` that is decoupled PPO (Hilton et al. 2021; AReaL), the clip taken against the
+proximal policy (the one before the update) and the behaviour ratio truncated.
 
 Log-ratios are clamped to [-20, 20] before ``exp`` (a ratio of e^20 is masked or truncated by
 every correction anyway).
@@ -32,11 +41,12 @@ from klppo.core.kl import per_sequence_sum
 __all__ = ["MismatchCorrection", "MISMATCH_CORRECTIONS", "DEFAULT_BOUNDS", "mismatch_weights",
            "mismatch_stats"]
 
-MismatchCorrection = Literal["none", "tis", "mis", "icepop"]
+MismatchCorrection = Literal["none", "tis", "mis", "icepop", "m2po"]
 MISMATCH_CORRECTIONS: tuple[str, ...] = get_args(MismatchCorrection)
 #: (lower, upper) of each correction (lower: IcePop only)
 DEFAULT_BOUNDS: dict[str, tuple[float | None, float | None]] = {
-    "none": (None, None), "tis": (None, 2.0), "mis": (None, 2.0), "icepop": (0.5, 5.0)}
+    "none": (None, None), "tis": (None, 2.0), "mis": (None, 2.0), "icepop": (0.5, 5.0),
+    "m2po": (None, 0.04)}
 _SAFE = 20.0
 
 
@@ -59,10 +69,29 @@ def mismatch_weights(log_ratio: torch.Tensor, mask: torch.Tensor, correction: st
     elif correction == "mis":
         rho = torch.exp(per_sequence_sum(lr, m).clamp(-_SAFE, _SAFE))
         w = torch.where(rho <= hi, rho, torch.zeros_like(rho))[:, None].expand_as(lr)
-    else:  # icepop
+    elif correction == "icepop":
         rho = torch.exp(lr)
         w = torch.where((rho >= lo) & (rho <= hi), rho, torch.zeros_like(rho))
+    else:  # m2po
+        w = _second_moment_mask(lr, m, hi)
     return torch.where(m, w, torch.zeros_like(w))
+
+
+def _second_moment_mask(lr: torch.Tensor, m: torch.Tensor, tau: float) -> torch.Tensor:
+    """1 on the valid tokens kept, 0 on the fewest largest-``(log rho)^2`` tokens whose removal
+    brings the kept tokens' mean of ``(log rho)^2`` to at most ``tau``."""
+    m2 = (lr * lr)[m].double()
+    n = m2.numel()
+    order = torch.argsort(m2, descending=True, stable=True)
+    removed = torch.cat([m2.new_zeros(1), torch.cumsum(m2[order], 0)])  # removed[d]: top d
+    kept = torch.arange(n, -1, -1, dtype=m2.dtype)  # n - d tokens left
+    ok = (m2.sum() - removed <= tau * kept) & (kept > 0)
+    d = int(torch.nonzero(ok)[0]) if bool(ok.any()) else n
+    keep = torch.ones(n, dtype=lr.dtype)
+    keep[order[:d]] = 0
+    out = torch.zeros_like(lr)
+    out[m] = keep
+    return out
 
 
 def mismatch_stats(log_ratio: torch.Tensor, mask: torch.Tensor,

@@ -185,11 +185,16 @@ class RLHFConfig:
     """precision of the copy of the policy that samples the responses (an inference engine's):
     bfloat16 / float16 make it differ from the float32 policy being trained (the
     training-inference mismatch, logged as mismatch_*)"""
+    staleness: int = field(default=0, metadata=within(0, 64))
+    """the responses are sampled by the policy this many updates back (an asynchronous
+    trainer's stale rollouts; 0: the current policy); the ratio is taken against the current
+    policy before the update, the sampler's ratio goes to mismatch_correction"""
     mismatch_correction: MismatchCorrection = "none"
     """the per-token weight pi_old / pi_rollout on the objective (klppo.core.mismatch): none,
-    tis (truncated at mismatch_upper, 2), mis (the response's ratio, the response masked above
-    mismatch_upper, 2), icepop (tokens outside [mismatch_lower, mismatch_upper] = [0.5, 5]
-    masked)"""
+    tis (truncated at mismatch_upper, 2; with staleness: decoupled PPO), mis (the response's
+    ratio, the response masked above mismatch_upper, 2), icepop (tokens outside
+    [mismatch_lower, mismatch_upper] = [0.5, 5] masked), m2po (the tokens of largest squared
+    log-ratio masked until its mean is <= mismatch_upper, 0.04)"""
     mismatch_upper: float | None = field(default=None, metadata=above(0))
     """upper bound of the correction (None: its source's default)"""
     mismatch_lower: float | None = field(default=None, metadata=above(0))

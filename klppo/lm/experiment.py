@@ -19,6 +19,7 @@ import random
 import shutil
 import time
 import warnings
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,11 @@ def _say_what_the_choices_mean(cfg: RLHFConfig) -> None:
         warnings.warn(biased, KLGradientWarning, stacklevel=3)
 
 
+def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of a state dict (a past policy kept for a stale sampler)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
 class Experiment:
     """Everything one RLHF run holds in memory. Construction loads and checks all inputs (the
     config, the model, the reward) and raises ``ConfigError`` naming the field on bad ones."""
@@ -145,8 +151,13 @@ class Experiment:
         self.ref = frozen_reference(lm).to(self.device)
         self.policy = PolicyWithValue(lm).to(self.device)
         self.policy.train()
-        self.rollout_lm = None if cfg.rollout_dtype == "float32" else rollout_copy(
-            self.policy.lm, getattr(torch, cfg.rollout_dtype))
+        self.rollout_lm = None
+        if cfg.rollout_dtype != "float32" or cfg.staleness:
+            self.rollout_lm = rollout_copy(self.policy.lm, getattr(torch, cfg.rollout_dtype))
+        # the policy after each of the last staleness + 1 updates (update 0: the initial one)
+        self.past: deque[dict[str, torch.Tensor]] = deque(maxlen=cfg.staleness + 1)
+        if cfg.staleness:
+            self.past.append(_cpu_copy(self.policy.lm.state_dict()))
         self.reward = reward or make_reward(cfg.reward)
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr, eps=1e-5)
         try:
@@ -213,7 +224,7 @@ class Experiment:
                 "ppl_initial": self.ppl_initial, "kl_monitor": self.kl_monitor.state_dict(),
                 # the reference only once a reset has moved it (else the model file has it)
                 "ref": self.ref.state_dict() if self.ref_resets else None,
-                "ref_resets": self.ref_resets}
+                "ref_resets": self.ref_resets, "past_policies": list(self.past)}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.policy.load_state_dict(s["policy"])
@@ -226,6 +237,8 @@ class Experiment:
         self.ppl_initial = float(s.get("ppl_initial", self.ppl_initial))
         if "kl_monitor" in s:
             self.kl_monitor.load_state_dict(s["kl_monitor"])
+        self.past.clear()
+        self.past.extend(s.get("past_policies", []))
         self.ref_resets = int(s.get("ref_resets", 0))
         if self.ref_resets:
             self.ref.load_state_dict(s["ref"])
@@ -260,7 +273,10 @@ class Experiment:
         prompts = self.prompts()                                            # 1. collect
         self.policy.eval()
         sampler = self.policy.lm
-        if self.rollout_lm is not None:  # the inference engine's copy, in its precision
+        if self.rollout_lm is not None and c.staleness:  # the policy staleness updates back
+            sampler = self.rollout_lm
+            sampler.load_state_dict(self.past[0])
+        elif self.rollout_lm is not None:  # the inference engine's copy, in its precision
             sampler = sync_rollout(self.rollout_lm, self.policy.lm)
         responses, logp_rollout = generate(sampler, prompts, c.response_len, self.gen,
                                            c.temperature)
@@ -269,6 +285,8 @@ class Experiment:
         b.update(self.mismatch(b, logp_rollout.cpu()))
         t2 = time.perf_counter()
         stats = self.update(prompts, responses, b, beta)                    # 3. update
+        if c.staleness:
+            self.past.append(_cpu_copy(self.policy.lm.state_dict()))
         t3 = time.perf_counter()
         measured = measure_kl(b["kl"], b["mask"], c.kl_unit)
         self.ctrl.update(measured, n_steps=c.batch_size)                    # 4. controller

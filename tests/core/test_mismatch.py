@@ -47,3 +47,14 @@ def test_sample_weights_scale_each_samples_objective_gradient():
     (g_w,) = torch.autograd.grad(loss(lp, lp_old, adv, sample_weight=w)["loss"], lp)
     (g_1,) = torch.autograd.grad(loss(lp, lp_old, adv)["loss"], lp)
     assert torch.allclose(g_w, w * g_1)
+
+
+def test_m2po_masks_the_fewest_largest_squared_log_ratios():
+    lr = torch.tensor([[0.5, 0.1, -0.3], [0.05, 0.0, 2.0]])
+    m = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    # (log rho)^2 = .25 .01 .09 .0025 0: mean .0705 > .04; without .25: .0256 <= .04
+    assert torch.equal(mismatch_weights(lr, m, "m2po"), torch.tensor([[0.0, 1, 1], [1, 1, 0]]))
+    # tau .02: .25 and .09 go (mean .00417); tau 1: nothing goes
+    assert torch.equal(mismatch_weights(lr, m, "m2po", upper=0.02),
+                       torch.tensor([[0.0, 1, 0], [1, 1, 0]]))
+    assert torch.equal(mismatch_weights(lr, m, "m2po", upper=1.0), m.float())

@@ -64,3 +64,50 @@ def test_mismatch_settings_are_refused_where_nothing_reads_them():
         validate_rlhf(RLHFConfig(mismatch_correction="tis", mismatch_lower=0.2))
     with pytest.raises(ConfigError, match=r"mismatch_correction='tis': needs temperature 1"):
         validate_rlhf(RLHFConfig(mismatch_correction="tis", temperature=0.7))
+
+
+def test_a_stale_sampler_is_the_policy_staleness_updates_back(tiny_model_dir, tmp_path,
+                                                              monkeypatch):
+    """staleness 2: iterations 1-3 sample with the initial policy, iteration 4 with the policy
+    after update 1. The sampler's log-probabilities equal that policy's, scored apart."""
+    from klppo.lm import experiment as E
+
+    seen = []
+    generate = E.generate
+
+    def spy(model, *args, **kwargs):
+        seen.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return generate(model, *args, **kwargs)
+
+    monkeypatch.setattr(E, "generate", spy)
+    snapshots = []
+    update = E.Experiment.update
+
+    def after(self, *args, **kwargs):
+        out = update(self, *args, **kwargs)
+        snapshots.append({k: v.detach().clone() for k, v in self.policy.lm.state_dict().items()})
+        return out
+
+    monkeypatch.setattr(E.Experiment, "update", after)
+    res = rlhf(_cfg(tiny_model_dir, tmp_path / "run", iterations=4, staleness=2,
+                    mismatch_correction="m2po", objective="unclipped"), reward=reward)
+    first = seen[0]
+    same = lambda a, b: all(torch.equal(a[k], b[k]) for k in a)  # noqa: E731
+    assert same(seen[1], first) and same(seen[2], first) and same(seen[3], snapshots[0])
+    assert not same(seen[3], first)
+    k3 = [m["mismatch_kl_k3"] for m in res.metrics]
+    assert k3[0] < 1e-6 < k3[2]  # iteration 1 samples with the current policy, 3 with a stale one
+
+
+def test_a_resume_with_a_stale_sampler_is_exact(tiny_model_dir, tmp_path):
+    kw = dict(staleness=2, mismatch_correction="tis", iterations=6)
+    full = rlhf(_cfg(tiny_model_dir, tmp_path / "full", **kw), reward=reward)
+    run = tmp_path / "run"
+
+    def crash(m):
+        if m["iteration"] == 5:
+            raise Crash("simulated crash")
+
+    with pytest.raises(RLHFError):
+        rlhf(_cfg(tiny_model_dir, run, **kw), reward=reward, on_iteration=crash)
+    assert strip(resume_rlhf(run, reward=reward).metrics) == strip(full.metrics)
