@@ -53,6 +53,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.video:  # MuJoCo renders headless through EGL where it can (set before its import)
         os.environ.setdefault("MUJOCO_GL", "egl")
+        # pygame's SDL (classic control, Box2D) draws off-screen into arrays: without a display
+        # its default driver prints "error: XDG_RUNTIME_DIR is invalid" on every run
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     from klppo.rl.evaluate import RenderingUnavailable
 
     reported: tuple[type[BaseException], ...] = (*REPORTED, RenderingUnavailable)

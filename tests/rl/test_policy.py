@@ -166,6 +166,25 @@ def test_video_where_rendering_is_available(tmp_path, run, capsys):
     assert videos and videos[0].stat().st_size > 0
 
 
+def test_a_video_is_recorded_without_sdls_display_noise(tmp_path, run):
+    """Classic-control frames come from pygame's SDL; headless, its default driver printed
+    "error: XDG_RUNTIME_DIR is invalid" (from C, so a subprocess sees it) on every run."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("moviepy")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER", "DISPLAY")}
+    out = subprocess.run([sys.executable, "-m", "klppo", "eval", str(run), "--episodes", "1",
+                          "--video", str(tmp_path / "v")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    if out.returncode != 0:
+        pytest.skip(out.stderr.strip())
+    assert "XDG_RUNTIME_DIR" not in out.stderr and "error" not in out.stderr.lower()
+    assert list((tmp_path / "v").glob("*.mp4"))
+
+
 def test_eval_bad_input_is_one_line(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
