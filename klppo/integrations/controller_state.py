@@ -31,10 +31,11 @@ def settings_of(controller: KLController) -> dict[str, Any]:
             "beta_min": controller.beta_min, "beta_max": controller.beta_max}
 
 
-def write_state(checkpoint: Path, state: dict[str, Any], fmt: str = FORMAT) -> Path:
+def write_state(checkpoint: Path, state: dict[str, Any], fmt: str = FORMAT,
+                name: str = STATE_FILE) -> Path:
     """Write ``state`` atomically (a temporary file renamed over the final one)."""
-    path = checkpoint / STATE_FILE
-    tmp = checkpoint / f".{STATE_FILE}.tmp"
+    path = checkpoint / name
+    tmp = checkpoint / f".{name}.tmp"
     tmp.write_text(json.dumps({"format": fmt, **state}, indent=1, allow_nan=True))
     os.replace(tmp, path)
     return path
@@ -46,11 +47,12 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def read_state(checkpoint: Path, expect: dict[str, Any], fmt: str = FORMAT) -> dict[str, Any]:
+def read_state(checkpoint: Path, expect: dict[str, Any], fmt: str = FORMAT,
+               name: str = STATE_FILE) -> dict[str, Any]:
     """The saved state of ``checkpoint``; ``RuntimeError`` (one line naming the file) when it is
     missing, unreadable, of another format, or when a field of ``expect`` (trainer, unit,
     controller settings, global step) differs from the saved one."""
-    path = checkpoint / STATE_FILE
+    path = checkpoint / name
     if not path.is_file():
         raise RuntimeError(
             f"{path}: no klppo controller state; a checkpoint written without the callback (or "

@@ -28,6 +28,11 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "klppo.integrations.trl needs TRL: pip install 'klppo[trl]'") from err
 
 from klppo.integrations.trl.callback import PREFIX, KLControlCallback, attach  # noqa: E402
+from klppo.integrations.trl.entropy import (  # noqa: E402
+    ENTROPY_STATE_FILE,
+    EntropyControlCallback,
+    attach_entropy,
+)
 from klppo.integrations.trl.grpo_kl import LOSS_UNITS, UNIT_MEANINGS  # noqa: E402
 from klppo.integrations.trl.state import STATE_FILE  # noqa: E402
 from klppo.integrations.trl.trainers import (  # noqa: E402
@@ -39,4 +44,5 @@ from klppo.integrations.trl.trainers import (  # noqa: E402
 )
 
 __all__ = ["attach", "KLControlCallback", "TRLIntegrationError", "TRAINERS", "TrainerKL",
-           "UNITS", "TESTED_TRL", "STATE_FILE", "PREFIX", "LOSS_UNITS", "UNIT_MEANINGS"]
+           "UNITS", "TESTED_TRL", "STATE_FILE", "PREFIX", "LOSS_UNITS", "UNIT_MEANINGS",
+           "attach_entropy", "EntropyControlCallback", "ENTROPY_STATE_FILE"]
