@@ -79,10 +79,11 @@ class RLHFConfig:
     k2_sequence and k3_ratio forms in the loss have the gradient of KL(policy || reference)
     over whole responses (`klppo verify`); other choices warn"""
     kl_loss: KLLossForm | None = None
-    """with kl_placement=loss, the KL term per response (klppo.core.kl_loss): k2_sequence (the
-    default: (sum_t log pi/pi_ref)^2 / 2 times the detached response ratio to the sampling
-    policy), k3_ratio (sum_t k3 times the differentiated response ratio), or k3 (GRPO's sum_t
-    k3, no ratio: neither KL's gradient); beta multiplies it averaged over responses"""
+    """with kl_placement=loss, the KL term per response (klppo.core.kl_loss; None means
+    k2_sequence): k2_sequence ((sum_t log pi/pi_ref)^2 / 2 times the detached response ratio
+    to the sampling policy), k3_ratio (sum_t k3 times the differentiated response ratio), or
+    k3 (GRPO's sum_t k3, no ratio: neither KL's gradient); beta multiplies it averaged over
+    responses"""
     kl_unit: KLUnitLM = "per_sequence_sum"
     """unit of the KL fed to the controller and of the target: per_sequence_sum (nats per
     sequence), per_token_mean (nats per response token), per_token_mean_all (trlx's per-token
@@ -196,7 +197,8 @@ class RLHFConfig:
     [mismatch_lower, mismatch_upper] = [0.5, 5] masked), m2po (the tokens of largest squared
     log-ratio masked until its mean is <= mismatch_upper, 0.04)"""
     mismatch_upper: float | None = field(default=None, metadata=above(0))
-    """upper bound of the correction (None: its source's default)"""
+    """upper bound of the correction (None: its source's value: tis and mis 2, icepop 5,
+    m2po 0.04)"""
     mismatch_lower: float | None = field(default=None, metadata=above(0))
     """icepop: lower bound (None: 0.5)"""
     ref_reset_every: int | None = field(default=None, metadata=at_least(1))

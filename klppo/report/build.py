@@ -147,13 +147,31 @@ def _group_figures(env: str, rs: list[Run], fig_dir: Path, smooth: int,
         figures.append((f"{env} / {cond}{who}: {what}, seeds {seeds}.{window}{note}",
                         F.save(F.kl_tracking(env, f"{cond}{who}", crs, smooth), fig_dir,
                                f"{stem}__{part(cond)}__kl")))
-    for cond, crs in sorted(clip_like.items()):
+    for conds, crs in _same_partitions(clip_like):
+        cond = " = ".join(conds)  # conditions whose partitions are identical: one figure
+        same = f" {' and '.join(conds)} are identical, seed for seed." if len(conds) > 1 else ""
         figures.append((f"{env} / {cond}{who}: partition (kill, pass, in) and |beta_t|, the "
                         "per-sample KL coefficient the clip applies on the kill set (0 "
-                        f"elsewhere).{window}",
+                        f"elsewhere).{same}{window}",
                         F.save(F.partitions(env, f"{cond}{who}", crs, smooth), fig_dir,
-                               f"{stem}__{part(cond)}__partition")))
+                               f"{stem}__{part(conds[0])}__partition")))
     return figures
+
+
+_PARTITION_KEYS = ("frac_kill", "frac_pass", "frac_in", "beta_t_q50", "beta_t_q90", "beta_t_q99")
+
+
+def _same_partitions(by_cond: dict[str, list[Run]]) -> list[tuple[list[str], list[Run]]]:
+    """The conditions grouped by their partition curves: conditions whose runs log the same
+    partition metrics seed for seed (clip and per_sample_kl, Theorem 1) share one group."""
+    def signature(crs: list[Run]) -> tuple:
+        return tuple((r.seed, tuple(tuple(m.get(k) for k in _PARTITION_KEYS) for m in r.metrics))
+                     for r in sorted(crs, key=lambda r: r.seed))
+
+    groups: dict[tuple, list[str]] = {}
+    for cond, crs in sorted(by_cond.items()):
+        groups.setdefault(signature(crs), []).append(cond)
+    return [(conds, by_cond[conds[0]]) for conds in groups.values()]
 
 
 def _comparison_figures(comps: list[Comparison], rs: list[Run],

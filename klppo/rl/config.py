@@ -137,7 +137,7 @@ class PPOConfig:
     None: a constant ent_coef)"""
     ent_controller: ControllerName = "proportional"
     """the rule driving ent_coef (any KL controller rule, fed the entropy mirrored about the
-    target), with the rule's default settings"""
+    target), with the rule's own gains and bands"""
     ent_coef_min: float = field(default=1e-5, metadata=above(0))
     """lower bound of the driven ent_coef"""
     ent_coef_max: float = field(default=0.1, metadata=above(0))

@@ -110,3 +110,25 @@ def test_returns_at_the_float_limit_print_no_inf_or_nan(tmp_path, capsys):
     out = capsys.readouterr().out + (tmp_path / "out" / "report.html").read_text()
     assert "inf" not in out.replace("info", "") and "nan" not in out
     assert "| Env-v0 | clip | 2 | 100000000" in out  # 1e308 ± 0, written out by :.1f
+
+
+def test_identical_partitions_are_drawn_once_naming_both(tmp_path):
+    """clip and per_sample_kl log the same partition seed for seed (Theorem 1): one figure
+    named for both; a condition whose partition differs keeps its own."""
+    import yaml
+
+    for seed in (0, 1):
+        for objective in ("clip", "per_sample_kl"):
+            fake_run(tmp_path / "runs", f"{objective}{seed}", "Env-v0", objective, seed,
+                     [1.0] * 4, extra=KILL)
+        other = fake_run(tmp_path / "runs", f"spo{seed}", "Env-v0", "per_sample_kl", seed,
+                         [1.0] * 4, extra={**KILL, "frac_kill": 0.2})
+        cfg = yaml.safe_load((other / "config.yaml").read_text())
+        cfg["ppo"]["shape"] = "spo"
+        (other / "config.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "out"
+    assert main(["report", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    names = sorted(p.name for p in (out / "figures").glob("*partition*.png"))
+    assert names == ["Env-v0__clip__partition.png", "Env-v0__per_sample_kl[spo]__partition.png"]
+    page = (out / "report.html").read_text()
+    assert "clip = per_sample_kl" in page and "are identical, seed for seed" in page
