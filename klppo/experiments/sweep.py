@@ -223,9 +223,10 @@ def run_sweep(
     if backend not in ("local", "ray"):
         raise C.ConfigError(f"backend={backend!r}: must be 'local' or 'ray'")
     engine = "batched" if engine is None else engine
-    workers = worker_count(workers)
-    groups, notes = plan_groups(order, engine, group_size, workers)
+    worker_count(workers)  # checked before Ray starts
     runner = run_local if backend == "local" else _ray_runner()
+    workers = worker_count(workers if backend == "local" else workers or _ray_cpus())
+    groups, notes = plan_groups(order, engine, group_size, workers)
     for note in notes:
         log.warning("%s", note)
     lock = _open_sweep_dir(sweep_dir, spec)
@@ -257,7 +258,8 @@ def run_sweep(
 
 
 def worker_count(workers: int | None) -> int:
-    """The number of parallel worker processes: ``workers``, default one per core."""
+    """The number of parallel worker processes: ``workers``, default one per core (the ray
+    backend: one per CPU of the cluster)."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
         raise C.ConfigError(f"workers={workers!r}: must be an integer >= 1")
@@ -287,6 +289,14 @@ def _ray_runner() -> _Runner:
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
                  log_to_driver=False, ignore_reinit_error=True)
     return _ray
+
+
+def _ray_cpus() -> int:
+    """The Ray cluster's CPUs: the default worker count of the ray backend (a batched sweep
+    spreads each shape's runs over them, one task per group)."""
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 def _ray(dirs: dict[str, str], workers: int, update: Done, stop: SweepStop,

@@ -323,7 +323,7 @@ def test_ray_backend_stops_on_request_and_the_runs_resume(tmp_path):
     threading.Thread(target=stop_when_both_run, daemon=True).start()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # 2 run, 2 wait
     try:
-        res = run_sweep(s, tmp_path / "ray", backend="ray", stop=stop)
+        res = run_sweep(s, tmp_path / "ray", backend="ray", stop=stop, engine="process")
     finally:
         ray.shutdown()
     states = [e.state for e in res.entries]

@@ -146,10 +146,14 @@ def test_flags_are_checked_before_anything_starts(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_ray_backend_runs_a_batched_group_as_one_task(tmp_path):
-    pytest.importorskip("ray")
     spec = SweepSpec(preset="klip/cartpole", base=dict(BASE), seeds=[0, 1],
                      conditions={"clip": {"objective": "clip"}})
-    res = run_sweep(spec, tmp_path / "sw", backend="ray", engine="batched")
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)  # workers: the cluster's
+    try:
+        res = run_sweep(spec, tmp_path / "sw", backend="ray", engine="batched")
+    finally:
+        ray.shutdown()
     assert [e.state for e in res.entries] == ["finished"] * 2
     for e in res.entries:
         assert engine_of(tmp_path / "sw" / "runs" / e.name) == {"name": "group", "runs": 2}
