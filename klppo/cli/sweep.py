@@ -48,11 +48,12 @@ def add_parser(sub) -> None:
                    help="allow a sweep of more than 10,000 runs (default: refused)")
     p.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="local: a process pool on this machine (default); ray: one Ray task "
-                        "per run, on the cluster at RAY_ADDRESS or a local Ray instance "
-                        "(needs pip install 'klppo[ray]')")
-    p.add_argument("--workers", type=int, help="parallel workers (default: one per core, or per CPU "
-                   "of the Ray cluster): local worker processes, or the Ray tasks a batched "
-                   "sweep spreads each shape's runs over")
+                        "per group (or per run with --engine process), on the cluster at "
+                        "RAY_ADDRESS or a local Ray instance (needs pip install 'klppo[ray]')")
+    p.add_argument("--workers", type=int,
+                   help="parallel workers (default: one per core, or per CPU of the Ray "
+                        "cluster): local worker processes, or the Ray tasks a batched sweep "
+                        "spreads each shape's runs over")
     p.add_argument("--engine", choices=["process", "batched"], default=None,
                    help="batched (default): the runs that can share a group (same spaces, "
                         "network, sizes, step library and device) train together, one group per "

@@ -31,7 +31,7 @@ from klppo.report.equivalence import (
     unpaired_notes,
     write_equivalence,
 )
-from klppo.report.grid import assign_axes, base_condition, grid_point, point_label
+from klppo.report.grid import assign_axes, base_condition, grid_point, point_label, shown
 from klppo.report.html import render_html
 from klppo.report.load import Run, load_runs, merge_commits, run_machines
 from klppo.report.stats import Summary, summarize
@@ -80,7 +80,8 @@ def format_table(summaries: list[Summary]) -> str:
              "(mean ± std) | IQM [95% CI] |", "|---|---|---|---|---|" + ("---|" if marl else "")]
     for s in summaries:
         pol = f"{s.policy or '—'} | " if marl else ""
-        lines.append(f"| {s.env} | {s.condition} | {pol}{s.n} | {s.mean:.1f} ± {s.std:.1f} | "
+        lines.append(f"| {s.env} | {shown(s.condition)} | {pol}{s.n} | "
+                     f"{s.mean:.1f} ± {s.std:.1f} | "
                      f"{s.iqm:.1f} [{s.ci_low:.1f}, {s.ci_high:.1f}] |")
     return "\n".join(lines)
 
@@ -144,12 +145,13 @@ def _group_figures(env: str, rs: list[Run], fig_dir: Path, smooth: int,
         what = "KL vs target and beta" if F.has_target(crs) is not None else \
             "KL and beta (fixed beta: no target)"
         note = f" {F.ANNEAL_NOTE}" if F.lr_anneals(crs) else ""
-        figures.append((f"{env} / {cond}{who}: {what}, seeds {seeds}.{window}{note}",
-                        F.save(F.kl_tracking(env, f"{cond}{who}", crs, smooth), fig_dir,
+        figures.append((f"{env} / {shown(cond)}{who}: {what}, seeds {seeds}.{window}{note}",
+                        F.save(F.kl_tracking(env, f"{shown(cond)}{who}", crs, smooth), fig_dir,
                                f"{stem}__{part(cond)}__kl")))
     for conds, crs in _same_partitions(clip_like):
-        cond = " = ".join(conds)  # conditions whose partitions are identical: one figure
-        same = f" {' and '.join(conds)} are identical, seed for seed." if len(conds) > 1 else ""
+        names = [shown(c) for c in conds]  # identical partitions: one figure naming them all
+        cond = " = ".join(names)
+        same = f" {' and '.join(names)} are identical, seed for seed." if len(conds) > 1 else ""
         figures.append((f"{env} / {cond}{who}: partition (kill, pass, in) and |beta_t|, the "
                         "per-sample KL coefficient the clip applies on the kill set (0 "
                         f"elsewhere).{same}{window}",

@@ -24,6 +24,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from klppo.report import aggregate as A  # noqa: E402
 from klppo.report.colours import PALETTE, condition_colours  # noqa: E402
 from klppo.report.curves import IDENTICAL_STYLE  # noqa: E402
+from klppo.report.grid import shown  # noqa: E402
 from klppo.report.stats import Summary  # noqa: E402
 
 __all__ = ["Comparison", "compare", "comparison_figure", "comparison_markdown",
@@ -88,7 +89,8 @@ def compare(summaries: list[Summary], reps: int = A.REPS) -> list[Comparison]:
 
 def _label(c: Comparison, cond: str) -> str:
     twin = c.identical.get(cond)
-    return f"{cond} (n={len(c.scores[cond])})" + (f", identical to {twin}" if twin else "")
+    return f"{shown(cond)} (n={len(c.scores[cond])})" + \
+        (f", identical to {shown(twin)}" if twin else "")
 
 
 def _iqm_panel(ax, c: Comparison, colour: dict[str, tuple]) -> None:
@@ -194,13 +196,13 @@ def comparison_markdown(comps: list[Comparison], heading: bool = True) -> str:
         who = f" / policy {c.policy}" if c.policy is not None else ""
         lines += [f"{'##' if heading else '###'} {c.env}{who}", "",
                   "| condition | seeds | IQM [95% CI] |", "|---|---|---|"]
-        lines += [f"| {k} | {len(c.scores[k])} | {v[0]:.1f} [{v[1]:.1f}, {v[2]:.1f}] |"
+        lines += [f"| {shown(k)} | {len(c.scores[k])} | {v[0]:.1f} [{v[1]:.1f}, {v[2]:.1f}] |"
                   for k, v in c.iqm.items()]
         conds = list(c.scores)
-        lines += ["", "| P(row > column) | " + " | ".join(conds) + " |",
+        lines += ["", "| P(row > column) | " + " | ".join(map(shown, conds)) + " |",
                   "|---|" + "---|" * len(conds)]
         for x in conds:
-            lines.append(f"| {x} | " + " | ".join(
+            lines.append(f"| {shown(x)} | " + " | ".join(
                 "—" if x == y else _cell(c.improvement[(x, y)]) for y in conds) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -208,8 +210,8 @@ def comparison_markdown(comps: list[Comparison], heading: bool = True) -> str:
 
 def comparison_html(c: Comparison) -> str:
     """The probability-of-improvement matrix of one comparison as an HTML table."""
-    def name(x: str) -> str:  # long grid labels may break after "__"
-        return html.escape(x).replace("__", "__<wbr>")
+    def name(x: str) -> str:  # long grid labels may break after a comma
+        return html.escape(shown(x)).replace(", ", ",<wbr> ")
 
     def cell(v: tuple[float, float, float]) -> str:
         return f"{v[0]:.2f}<br><span class='muted'>[{v[1]:.2f}, {v[2]:.2f}]</span>"

@@ -80,6 +80,12 @@ def grid_point(run: Run) -> tuple[tuple[str, Any], ...]:
     return tuple((a, value_at(run.config, a)) for a in run.axes if a != "env")
 
 
+def shown(condition: str) -> str:
+    """A condition as tables and figures show it: ``clip__lr=0.0003`` -> ``clip, lr=0.0003``
+    (the ``__`` in run directory names is for the file system; CSV files keep the name)."""
+    return condition.replace("__", ", ")
+
+
 def point_label(point: tuple[tuple[str, Any], ...]) -> str:
     """``"ppo.lr=0.001, kl.target=0.02"``; ``""`` for no axis."""
     return ", ".join(f"{a}={v}" for a, v in point)

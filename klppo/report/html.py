@@ -11,6 +11,7 @@ import yaml
 
 from klppo.report.aggregate import iqm_note
 from klppo.report.compare import comparison_html
+from klppo.report.grid import shown
 
 __all__ = ["render_html", "img_tag", "CSS"]
 
@@ -65,7 +66,7 @@ def _final_table(summaries) -> list[str]:
         "<th>mean ± std</th><th>IQM [95% CI]</th><th>per seed</th></tr>"]
     for s in summaries:
         per = ", ".join(f"{k}: {_num(v)}" for k, v in sorted(s.per_seed.items()))
-        parts.append(f"<tr><td>{e(s.env)}</td><td>{e(s.condition)}</td>"
+        parts.append(f"<tr><td>{e(s.env)}</td><td>{e(shown(s.condition))}</td>"
                      f"{_policy_cell(s, marl)}<td>{s.n}</td>"
                      f"<td>{_num(s.mean)} ± {_num(s.std)}</td><td>{_num(s.iqm)} "
                      f"[{_num(s.ci_low)}, {_num(s.ci_high)}]</td><td>{e(per)}</td></tr>")
@@ -156,7 +157,7 @@ def render_html(summaries, equivalences, figures, runs, skipped, notes,
         parts.append("</ul>")
     parts.append("<h2>Run configurations</h2>")
     for r in sorted(runs, key=lambda r: (r.env, r.condition, r.seed)):
-        parts.append(f"<details><summary>{e(r.env)} / {e(r.condition)} / seed {r.seed} "
+        parts.append(f"<details><summary>{e(r.env)} / {e(shown(r.condition))} / seed {r.seed} "
                      f"<span class='muted'>({e(str(r.path))}, status {e(str(r.status))})"
                      f"</span></summary><pre>{e(yaml.safe_dump(r.config, sort_keys=False))}"
                      "</pre></details>")

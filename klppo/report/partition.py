@@ -16,6 +16,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from klppo.report.grid import shown
 from klppo.report.load import Run
 
 __all__ = ["partition_table", "kill_set_beta"]
@@ -82,6 +83,6 @@ def partition_table(runs: list[Run]) -> str:
         for key in ("kill_set", *QUANTILES):
             vals = [v for v in (_final(r, key) for r in rs) if v is not None]
             qs.append(_mean_std(vals) if vals else "-")
-        lines.append(f"| {env} | {cond} | {len(rs)} | {peak:.3f} ({step:,}) | "
+        lines.append(f"| {env} | {shown(cond)} | {len(rs)} | {peak:.3f} ({step:,}) | "
                      + " | ".join(qs) + " |")
     return "\n".join(lines)

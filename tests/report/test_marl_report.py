@@ -13,6 +13,7 @@ import yaml
 
 from klppo.cli import main
 from klppo.report import make_report
+from klppo.report.grid import shown
 from klppo.report.load import load_runs, policy_config
 from klppo.runs.metrics import read_metrics
 from klppo.runs.protocol import final_return
@@ -58,7 +59,8 @@ def test_one_row_per_condition_and_policy_with_each_policys_final_return(sweep, 
     assert md[0] == ("| env | condition | policy | seeds | final return (mean ± std) | "
                      "IQM [95% CI] |")
     assert md[1] == "|---|---|---|---|---|---|"
-    assert f"| pettingzoo:mpe2.simple_adversary_v3 | {TIGHT} | adversary | 1 |" in "\n".join(md)
+    row = f"| pettingzoo:mpe2.simple_adversary_v3 | {shown(TIGHT)} | adversary | 1 |"
+    assert row in "\n".join(md)
     table = list(csv.DictReader(open(rep.out_dir / "final_returns.csv")))
     assert [(r["condition"], r["policy"]) for r in table] == sorted(rows)
     html = rep.html.read_text()
@@ -74,7 +76,7 @@ def test_per_policy_curves_and_kl_panels_with_each_policys_target(sweep, report)
     for p in POLICIES:
         assert any(c.startswith(f"{env} / policy {p}: learning curves") for c in captions)
         for cond in (BASE, TIGHT):
-            assert any(c.startswith(f"{env} / {cond} / policy {p}: KL vs target and beta, "
+            assert any(c.startswith(f"{env} / {shown(cond)} / policy {p}: KL vs target and beta, "
                                     "seeds 0.") for c in captions), (p, cond, captions)
     # clip_kl: no partition panel; per policy, the two conditions' aggregates
     assert len(captions) == 8 and sum("IQM" in c for c in captions) == 2
@@ -84,7 +86,7 @@ def test_per_policy_curves_and_kl_panels_with_each_policys_target(sweep, report)
         assert png.exists() and png.with_suffix(".svg").exists() and ":" not in png.name
     html = rep.html.read_text()
     assert html.count("data:image/png;base64,") == len(rep.figures)
-    assert H.escape(f"{env} / {TIGHT} / policy adversary: KL vs target") in html
+    assert H.escape(f"{env} / {shown(TIGHT)} / policy adversary: KL vs target") in html
 
     # each panel plots its own policy's KL, target and beta
     from klppo.report import figures as F

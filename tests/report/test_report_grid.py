@@ -174,7 +174,12 @@ def test_the_aggregates_compare_every_condition(tmp_path):
     assert c.improvement[("clip__lr=0.003", "clip__lr=0.001")][0] == 1.0
     assert c.improvement[("clip__lr=0.001", "per_sample_kl__lr=0.001")][0] == 0.5
     md = (tmp_path / "out" / "aggregates.md").read_text()
-    assert "| clip__lr=0.003 | 3 |" in md and "P(row > column)" in md
+    # tables and figures show a grid condition as "clip, lr=0.003"; the CSV keeps the name
+    assert "| clip, lr=0.003 | 3 |" in md and "P(row > column)" in md and "__" not in md
+    assert "__lr" not in (tmp_path / "out" / "final_returns.md").read_text()
+    assert "clip__lr=0.003" in (tmp_path / "out" / "final_returns.csv").read_text()
+    assert not any("__lr" in cap for cap, _ in rep.figures)
+    assert "clip,<wbr> lr=0.003" in rep.html.read_text()
     assert any("IQM" in cap for cap, _ in rep.figures)
     assert "With 3 seeds per condition nothing is trimmed" in rep.html.read_text()
     # the sentence follows the data: one seed fewer of one condition
