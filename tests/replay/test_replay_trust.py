@@ -10,7 +10,7 @@ import pytest
 
 from klppo.cli import main
 from klppo.replay.lab import default_controllers, open_loop, parse_controller, response_metrics
-from klppo.replay.plots import DECADES, beta_scale, lab_figure
+from klppo.replay.plots import DECADES, SMOOTH, beta_scale, lab_figure
 
 
 @pytest.fixture(autouse=True)
@@ -88,11 +88,28 @@ def test_the_beta_axis_keeps_every_controller_in_view():
 
 
 def test_targets_that_differ_get_a_line_each():
-    fig = lab_figure([0, 1], {"a": [0.01, 0.02], "b": [0.01, 0.02]},
+    # open loop (one observed KL, several controllers): one line per target, named
+    fig = lab_figure([0, 1], {"trace": [0.01, 0.02]},
                      {"a": [1.0, 1.0], "b": [1.0, 1.0]}, 0.02, "t",
                      targets={"a": 0.01, "b": 0.02})
     texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert texts == ["target 0.01 (a)", "target 0.02 (b)"]
+    assert [x for x in texts if x.startswith("target")] == ["target 0.01 (a)", "target 0.02 (b)"]
+
+
+def test_closed_loop_draws_a_row_per_controller_with_its_own_target_and_mean():
+    kl = {"a": [0.01, 0.03, 0.02, 0.06], "b": [0.02, 0.02, 0.04, 0.04]}
+    fig = lab_figure([0, 1, 2, 3], kl, {"a": [1.0] * 4, "b": [2.0] * 4}, 0.02, "t",
+                     targets={"a": 0.01, "b": 0.02})
+    assert len(fig.axes) == 4  # (KL, beta) per controller, in the controllers' order
+    for row, (label, target) in enumerate([("a", 0.01), ("b", 0.02)]):
+        ax, bx = fig.axes[2 * row], fig.axes[2 * row + 1]
+        assert ax.get_title(loc="left") == label
+        raw, mean, line = ax.get_lines()
+        assert list(raw.get_ydata()) == kl[label]
+        window = [kl[label][max(0, i - SMOOTH + 1):i + 1] for i in range(4)]
+        assert np.allclose(mean.get_ydata(), [sum(w) / len(w) for w in window])
+        assert list(line.get_ydata()) == [target, target]
+        assert list(bx.get_lines()[0].get_ydata()) == [1.0 + row] * 4
 
 
 def test_an_earlier_replay_is_refused_without_force(tmp_path, capsys):
