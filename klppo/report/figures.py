@@ -141,7 +141,7 @@ def partitions(env: str, cond: str, runs: list[Run], smooth: int = 1):
     whenever fewer than 50% (q50) or 10% (q90) of the samples are killed: the panel shows the
     mean |beta_t| on the kill set (:func:`kill_set_beta`) and the q99 over all samples, and
     q50 / q90 only where they are ever above 0 (the title says so where they are not)."""
-    fig, (kx, ix, bx) = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig, (kx, ix, bx) = plt.subplots(1, 3, figsize=(10.5, 3.9))
     n = min(len(r.metrics) for r in runs)
     steps = [m["global_step"] for m in runs[0].metrics[:n]]
 
@@ -157,14 +157,16 @@ def partitions(env: str, cond: str, runs: list[Run], smooth: int = 1):
         kx.plot(steps, key_mean(key), label=key[5:], color=color)
     kx.set(title="kill and pass", xlabel="environment steps", ylabel="fraction of samples")
     kx.set_ylim(bottom=0)
-    kx.legend(fontsize=8)
+    kx.legend(fontsize=9)
     ix.plot(steps, key_mean("frac_in"), color="tab:green")
     ix.set(title="in (clip inactive)", xlabel="environment steps")
     _beta_panel(bx, runs, steps, mean, key_mean)
     for a in (kx, ix, bx):
         a.grid(alpha=0.3)
+        a.tick_params(labelsize=9)
+        a.xaxis.get_offset_text().set_fontsize(9)
     fig.suptitle(f"{env} / {cond}: partition of samples (mean over {len(runs)} seed"
-                 f"{'s' if len(runs) != 1 else ''}){_smoothed_note(smooth)}", fontsize=10)
+                 f"{'s' if len(runs) != 1 else ''}){_smoothed_note(smooth)}", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -181,9 +183,9 @@ def _beta_panel(bx, runs: list[Run], steps, mean, key_mean) -> None:
             zero.append(key[-3:])
             continue
         bx.plot(steps, values, ls=style, color="0.3", label=f"{key[-3:]} over all samples")
-    note = (f"\n{' and '.join(zero)} over all samples: 0 throughout (most samples are not "
+    note = (f"\n{' and '.join(zero)} over all samples: 0 throughout\n(most samples are not "
             "killed)" if zero else "")
-    bx.set_title("|beta_t| (0 off the kill set)" + note, fontsize=9)
+    bx.set_title("|beta_t| (0 off the kill set)")
     bx.set(xlabel="environment steps", ylabel="|beta_t|")
     bx.set_ylim(bottom=0)
-    bx.legend(fontsize=7)
+    bx.legend(fontsize=9, title=note.strip() or None, title_fontsize=8, alignment="left")
