@@ -15,7 +15,8 @@ candidates; KL-Cov on the unclipped ``w A``.
 **Selection is deterministic by default.** The paper draws Clip-Cov's tokens uniformly at random
 among the candidates; klppo takes the candidates with the largest covariance (ties: the earlier
 token), so a run is a function of its seed without another generator to checkpoint. Pass
-``generator=`` to :class:`ClipCov` for the paper's uniform draw. KL-Cov's top-k rule is
+``generator=`` to :class:`ClipCov` for the paper's uniform draw (``klppo rlhf
+--cov-selection random``). KL-Cov's top-k rule is
 deterministic in the paper already. Both select ``k = max(1, floor(cov_fraction N))`` of the
 ``N`` tokens (the code's ``max(1, ...)``; the paper's ``floor`` alone selects none below
 ``1 / cov_fraction`` tokens).

@@ -144,6 +144,10 @@ class RLHFConfig:
     """clip_cov: covariance window's lower end (None: 1.0)"""
     cov_high: Annotated[float | None, _flag("ppo.cov-high", "cov_high")] = None
     """clip_cov: covariance window's upper end (None: 5.0)"""
+    cov_selection: Literal["top", "random"] = "top"
+    """clip_cov: which candidates lose their gradient: top (the largest covariances; klppo's
+    choice, a function of the data alone) or random (the paper's uniform draw, from the run's
+    sampling generator, so a resume continues it exactly)"""
     kl_cov_coef: Annotated[float | None, _flag("ppo.kl-cov-coef", "kl_cov_coef")] = (
         field(default=None, metadata=above(0)))
     """kl_cov: coefficient of |log w| on the selected tokens (None: 1.0)"""
@@ -292,6 +296,9 @@ def _check_objective(c: RLHFConfig) -> None:
     from klppo.core.objectives import OBJECTIVES, Band, make_objective
 
     cls = OBJECTIVES[c.objective]
+    if c.cov_selection != "top" and c.objective != "clip_cov":
+        raise _bad("cov_selection", c.cov_selection, f"objective={c.objective!r} would ignore "
+                   "it (clip_cov only)")
     if cls.uses_beta:
         raise _bad("objective", c.objective, "its beta would be the reference KL's (kl_placement "
                    "prices that); use kl_placement loss for a KL term in the loss")

@@ -172,6 +172,8 @@ class Experiment:
                             value_clip=cfg.value_clip, normalize_advantage="none",
                             knobs=objective_knobs(cfg))
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        if cfg.cov_selection == "random":  # Clip-Cov's uniform draw, checkpointed with gen
+            self.loss.policy.generator = self.gen
         self.rng = np.random.default_rng(cfg.seed)
         self.train_ids, self.held_ids = corpus_ids(self.tok)
         if len(self.train_ids) <= cfg.prompt_len:
