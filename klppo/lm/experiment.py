@@ -28,6 +28,7 @@ import torch
 
 from klppo.core.advantages import gae
 from klppo.core.controllers import make_controller
+from klppo.core.covariance import ClipCov
 from klppo.core.kl import NOT_KL, per_sequence_sum, per_token_mean
 from klppo.core.kl_gradient_claims import KLGradientWarning
 from klppo.core.kl_loss import kl_loss_terms
@@ -173,6 +174,7 @@ class Experiment:
                             knobs=objective_knobs(cfg))
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         if cfg.cov_selection == "random":  # Clip-Cov's uniform draw, checkpointed with gen
+            assert isinstance(self.loss.policy, ClipCov)  # validate_rlhf: clip_cov only
             self.loss.policy.generator = self.gen
         self.rng = np.random.default_rng(cfg.seed)
         self.train_ids, self.held_ids = corpus_ids(self.tok)
