@@ -151,6 +151,11 @@ class RLHFConfig:
     kl_cov_coef: Annotated[float | None, _flag("ppo.kl-cov-coef", "kl_cov_coef")] = (
         field(default=None, metadata=above(0)))
     """kl_cov: coefficient of |log w| on the selected tokens (None: 1.0)"""
+    loss_reduction: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    """how the policy term averages over a minibatch's tokens: token_mean (every token counts
+    once, DAPO's) or seq_mean_token_mean (each response's token mean, then the mean over
+    responses: verl's setting for SAPO, GRPO's original); sequence-level objectives
+    (gspo, gmpo, trm) already average per response and refuse it"""
     value_clip: Annotated[float, _flag("ppo.value-clip", "value_clip")] = field(
         default=0.2, metadata=above(0))
     """value clipping radius"""
@@ -294,11 +299,15 @@ def _check_objective(c: RLHFConfig) -> None:
     """An objective that needs a controller's beta, and settings the objective would ignore,
     are refused."""
     from klppo.core.objectives import OBJECTIVES, Band, make_objective
+    from klppo.core.sequence_objectives import SequenceObjective
 
     cls = OBJECTIVES[c.objective]
     if c.cov_selection != "top" and c.objective != "clip_cov":
         raise _bad("cov_selection", c.cov_selection, f"objective={c.objective!r} would ignore "
                    "it (clip_cov only)")
+    if c.loss_reduction != "token_mean" and issubclass(cls, SequenceObjective):
+        raise _bad("loss_reduction", c.loss_reduction, f"objective={c.objective!r} already "
+                   "averages each response's tokens first")
     if cls.uses_beta:
         raise _bad("objective", c.objective, "its beta would be the reference KL's (kl_placement "
                    "prices that); use kl_placement loss for a KL term in the loss")

@@ -35,6 +35,7 @@ from klppo.core.kl_loss import kl_loss_terms
 from klppo.core.loss import PPOLoss
 from klppo.core.mismatch import mismatch_stats, mismatch_weights
 from klppo.core.monitor import KLMonitor
+from klppo.core.sequence_objectives import Segments
 from klppo.lm.config import (
     ConfigError,
     RLHFConfig,
@@ -379,6 +380,17 @@ class Experiment:
             "distinct_2": distinct_n(responses.tolist(), 2),
         }
 
+    def token_weights(self, weights: torch.Tensor | None, idx: torch.Tensor, mk: torch.Tensor,
+                      seq: torch.Tensor) -> torch.Tensor | None:
+        """The per-token weight on a minibatch's objective (None: 1): the mismatch
+        correction's, times ``N / (S L_i)`` under loss_reduction seq_mean_token_mean (the token
+        mean of the weighted objective is then the mean over responses of their token means)."""
+        w = None if weights is None else weights.to(mk.device)[idx][mk]
+        if self.cfg.loss_reduction == "seq_mean_token_mean":
+            per_response = Segments(seq).weight(torch.float32)
+            w = per_response if w is None else w * per_response
+        return w
+
     def update(self, prompts: torch.Tensor, responses: torch.Tensor, b: dict[str, Any],
                beta: float) -> dict[str, float]:
         c, dev = self.cfg, self.device
@@ -394,11 +406,11 @@ class Experiment:
                 idx = perm[i:i + c.minibatch_size]
                 cur = score_sequences(self.policy, None, prompts[idx], responses[idx], grad=True)
                 mk = mask[idx]
-                w = None if b["weights"] is None else b["weights"].to(dev)[idx][mk]
+                seq = mk.nonzero()[:, 0]  # each token's sequence
+                w = self.token_weights(b["weights"], idx, mk, seq)
                 out = self.loss(cur["logp"][mk], logp_old[idx][mk], adv[idx][mk],
                                 cur["values"][mk], ret[idx][mk], v_old[idx][mk],
-                                sequence_ids=mk.nonzero()[:, 0],  # each token's sequence
-                                sample_weight=w)
+                                sequence_ids=seq, sample_weight=w)
                 loss = out["loss"]
                 if c.kl_placement == "loss":  # beta * the kl_loss form, mean over responses
                     kl_loss = kl_loss_terms(kl_loss_form(c), cur["logp"], logp_ref[idx],
