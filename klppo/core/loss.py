@@ -34,7 +34,7 @@ from klppo.core.values import ValueLossKind, explained_variance, value_loss
 
 ObjectiveName = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl", "cispo",
                         "sapo", "spo", "sq_log_ratio", "r2vpo", "dppo_tv", "dppo_kl", "clip_cov",
-                        "kl_cov", "gspo", "gmpo", "trm"]
+                        "kl_cov", "gspo", "gmpo", "trm", "topr"]
 KLEstimatorChoice = Literal["analytic", "k1", "k2", "k3", "abs", "k3_flipped", "tutorial"]
 
 __all__ = ["ObjectiveName", "PPOLoss", "PolicyTerm", "OBJECTIVES", "PER_SAMPLE"]
@@ -57,7 +57,7 @@ class PPOLoss:
             scalar beta), ``unclipped`` (plain importance sampling) or ``clip_kl`` (PPO-Clip
             plus a scalar KL penalty: RLlib's default), or one of the trust-region catalogue
             (``cispo``, ``sapo``, ``spo``, ``sq_log_ratio``, ``r2vpo``, ``dppo_tv``, ``dppo_kl``,
-            ``clip_cov``, ``kl_cov``; sequence-level ``gspo``, ``gmpo``, ``trm``: see
+            ``clip_cov``, ``kl_cov``; sequence-level ``gspo``, ``gmpo``, ``trm``, ``topr``: see
             docs/algorithms.md) - built with the band, shape, estimator and knob arguments
             below; or an :class:`~klppo.core.objectives.Objective`, which then carries those
             itself.

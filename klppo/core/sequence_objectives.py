@@ -36,7 +36,7 @@ from klppo.core.objective_base import (
 )
 from klppo.core.surrogates import clip_objective
 
-__all__ = ["Segments", "SequenceObjective", "GSPO", "GMPO", "TrustRegionMasking"]
+__all__ = ["Segments", "SequenceObjective", "GSPO", "GMPO", "TrustRegionMasking", "TOPR"]
 
 
 class Segments:
@@ -188,5 +188,29 @@ class TrustRegionMasking(SequenceObjective):
         return torch.where(keep, obj, zero), torch.where(keep, c, zero)
 
 
+class TOPR(SequenceObjective):
+    """TOPR, tapered off-policy REINFORCE (Le Roux et al. 2025, arXiv:2503.14286): for stale or
+    off-policy samples, REINFORCE with no importance weight where the return is at least 0 and
+    the truncated trajectory ratio ``min(rho_i, 1)``, ``rho_i = pi(y_i) / mu(y_i) = exp(sum_t
+    log w_t)``, where it is below 0:
+    ``J = (1/S) sum_i sg(a_i) A_i log pi(y_i)``, ``a_i = 1`` if ``A_i >= 0`` else
+    ``min(rho_i, 1)``; ``log pi(y_i)`` sums the tokens' (the paper's REINFORCE: no ``1/L_i``).
+    No band: positive samples are never clipped, and negative ones can only be down-weighted.
+    With a per-token advantage klppo takes each token's sign and ``A_t`` (the trajectory ratio
+    is still the response's), equal to TOPR when ``A`` is constant over each sequence.
+    ``c_t = (N / S) a_{i,t} A_t``."""
+
+    name = "topr"
+    band_knobs = ()
+
+    def sequence_term(self, ratio, logp_new, logp_old, advantage, seg):
+        log_rho = (seg.onehot.to(ratio.dtype) @ (logp_new - logp_old).detach())[seg.ids]
+        taper = torch.where(advantage >= 0, torch.ones_like(log_rho),
+                            torch.exp(torch.clamp(log_rho, max=0.0)))
+        weight = seg.ids.numel() / seg.num
+        coef = weight * taper * advantage.detach()
+        return coef * logp_new, coef
+
+
 #: the sequence-level classes of this module
-SEQUENCE_LEVEL: tuple[Any, ...] = (GSPO, GMPO, TrustRegionMasking)
+SEQUENCE_LEVEL: tuple[Any, ...] = (GSPO, GMPO, TrustRegionMasking, TOPR)

@@ -117,7 +117,8 @@ class RLHFConfig:
     """PPO clip radius (the band of every objective that has one)"""
     objective: ObjectiveName = "clip"
     """the policy objective (docs/algorithms.md): clip, per_sample_kl, unclipped; cispo, sapo,
-    spo, sq_log_ratio, dppo_tv, dppo_kl, clip_cov, kl_cov; sequence-level gspo, gmpo, trm"""
+    spo, sq_log_ratio, dppo_tv, dppo_kl, clip_cov, kl_cov; sequence-level gspo, gmpo, trm,
+    topr"""
     eps_low: Annotated[float | None, _flag("ppo.eps-low", "eps_low")] = (
         field(default=None, metadata=above(0)))
     """lower band radius (None: eps); gmpo: log-space radius; gspo / gmpo with eps left at 0.2
@@ -155,7 +156,7 @@ class RLHFConfig:
     """how the policy term averages over a minibatch's tokens: token_mean (every token counts
     once, DAPO's) or seq_mean_token_mean (each response's token mean, then the mean over
     responses: verl's setting for SAPO, GRPO's original); sequence-level objectives
-    (gspo, gmpo, trm) already average per response and refuse it"""
+    (gspo, gmpo, trm, topr) already reduce per response and refuse it"""
     value_clip: Annotated[float, _flag("ppo.value-clip", "value_clip")] = field(
         default=0.2, metadata=above(0))
     """value clipping radius"""
@@ -307,7 +308,7 @@ def _check_objective(c: RLHFConfig) -> None:
                    "it (clip_cov only)")
     if c.loss_reduction != "token_mean" and issubclass(cls, SequenceObjective):
         raise _bad("loss_reduction", c.loss_reduction, f"objective={c.objective!r} already "
-                   "averages each response's tokens first")
+                   "reduces each response first")
     if cls.uses_beta:
         raise _bad("objective", c.objective, "its beta would be the reference KL's (kl_placement "
                    "prices that); use kl_placement loss for a KL term in the loss")

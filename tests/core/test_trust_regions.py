@@ -498,3 +498,39 @@ def test_every_catalogue_objective_states_its_source():
             (c.__doc__ or "") for c in cls.__mro__[1:2])
         assert "arXiv:" in doc, name
         assert "c_t" in doc or "beta_t" in doc, name
+
+
+@pytest.mark.parametrize("constant_adv", [True, False])
+def test_topr_tapers_only_the_negative_samples(constant_adv):
+    """TOPR (arXiv:2503.14286): J = (1/G) sum_i [R_i >= 0] R_i log pi(y_i)
+    + [R_i < 0] sg(clip(pi(y_i) / mu(y_i), 0, 1)) R_i log pi(y_i), the trajectory ratio a
+    product over tokens and log pi(y_i) a sum; with per-token advantages, each token's sign."""
+    new, lo, adv, ids = sequence_batch(seed=1, constant_adv=constant_adv)
+    lengths = torch.bincount(ids)
+    g = len(lengths)
+
+    def paper(x):
+        rho = torch.exp(torch.zeros(g).index_add(0, ids, (x - lo).detach()))[ids]
+        weight = torch.where(adv >= 0, torch.ones_like(rho), torch.clamp(rho, 0, 1))
+        return -torch.zeros(g).index_add(0, ids, weight * adv * x).sum() / g
+
+    g_paper = seq_grad(paper, new)
+    assert torch.allclose(seq_grad(ours("topr", lo, adv, ids), new), g_paper, rtol=1e-5,
+                          atol=1e-8)
+    check_template("topr", new, lo, adv, ids, g_paper)
+    # every case occurs: negative with rho below 1 (tapered) and above 1 (truncated at 1),
+    # positive with rho below 1 (not tapered)
+    rho = torch.exp(torch.zeros(g).index_add(0, ids, new - lo))[ids]
+    assert ((adv < 0) & (rho < 1)).any() and ((adv < 0) & (rho > 1)).any()
+    assert ((adv > 0) & (rho < 1)).any()
+
+
+def test_topr_is_finite_where_the_trajectory_ratio_overflows():
+    ids = torch.zeros(200, dtype=torch.long)
+    lo, new = torch.zeros(200), torch.full((200,), 5.0)  # rho = e^1000
+    for sign in (1.0, -1.0):
+        adv = torch.full((200,), sign)
+        out = PPOLoss("topr", normalize_advantage="none")(new.requires_grad_(True), lo, adv,
+                                                          sequence_ids=ids)
+        (g,) = torch.autograd.grad(out["loss_objective"], new)
+        assert torch.isfinite(g).all() and torch.allclose(g, torch.full((200,), -sign))

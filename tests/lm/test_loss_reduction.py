@@ -69,5 +69,5 @@ def test_token_mean_weighs_nothing(tiny_model_dir, tmp_path, calls):
 
 def test_a_sequence_objective_refuses_it():
     with pytest.raises(ConfigError, match=r"loss_reduction='seq_mean_token_mean': "
-                                          r"objective='gspo' already averages"):
+                                          r"objective='gspo' already reduces"):
         validate_rlhf(RLHFConfig(objective="gspo", loss_reduction="seq_mean_token_mean"))
