@@ -121,3 +121,32 @@ def test_trl_minimal_drives_beta_with_a_controller(tmp_path):
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("beta after 8 steps: ")]
     assert float(line.split(": ")[1].split()[0]) != 0.04
 
+
+
+@pytest.mark.slow  # ten worker processes (about 1 min quiet)
+def test_rlhf_controls_runs_every_arm_and_tabulates_the_mismatch(tmp_path):
+    """examples/rlhf_controls.py: every arm is a valid config; three tiny iterations of each
+    finishes, and the table names every arm with the sampler mismatch where there is one."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    from klppo.experiments.rlhf_compare import run_compare
+    from klppo.report.lm import lm_report
+    from tests.lm.conftest import TINY, make_tiny_model
+
+    spec = importlib.util.spec_from_file_location("controls", EXAMPLES / "rlhf_controls.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model = make_tiny_model(tmp_path / "tiny")
+    tiny = {**TINY, "iterations": 3}
+    cfgs = {name: dataclasses.replace(c, **tiny) for name, c in
+            example.configs(str(model), 150, [0]).items()}
+    assert sorted(n.split("__")[0] for n in cfgs) == sorted(example.ARMS)
+    results = run_compare(cfgs, tmp_path / "out", workers=1)
+    assert {state for state, _ in results.values()} == {"finished"}, results
+    _, summaries = lm_report(tmp_path / "out", tmp_path / "out" / "report")
+    rows = example.controls_table(tmp_path / "out", summaries).splitlines()[2:]
+    assert sorted(r.split(" | ")[0][2:] for r in rows) == sorted(example.ARMS)
+    bf16 = next(r for r in rows if r.startswith("| bf16_tis "))
+    assert bf16.split(" | ")[-2] != "-" and float(bf16.split(" | ")[-2]) > 0
+    assert next(r for r in rows if r.startswith("| reward_k1 ")).split(" | ")[-2] == "-"
