@@ -8,7 +8,8 @@ the adaptive controller (proportional, target 6 nats per sequence) and changes o
 * the training-inference mismatch: responses sampled by a bfloat16 copy of the policy, with no
   correction or with truncated importance sampling (TIS);
 * stale rollouts (sampled by the policy 2 updates back): no correction, decoupled PPO (TIS on
-  the sampler's ratio), M2PO's second-moment mask, or TOPR's tapered REINFORCE;
+  the sampler's ratio), M2PO's second-moment mask (on the unclipped objective, as the paper),
+  or TOPR's tapered REINFORCE;
 * a reference reset every 50 iterations.
 
     python examples/rlhf_controls.py --out runs/rlhf-controls --seeds 0 1 2
@@ -41,7 +42,7 @@ ARMS: dict[str, dict] = {
     "bf16_tis": {"rollout_dtype": "bfloat16", "mismatch_correction": "tis"},
     "stale2_uncorrected": STALE,
     "stale2_decoupled": {**STALE, "mismatch_correction": "tis"},
-    "stale2_m2po": {**STALE, "mismatch_correction": "m2po"},
+    "stale2_m2po": {**STALE, "mismatch_correction": "m2po", "objective": "unclipped"},
     "stale2_topr": {**STALE, "objective": "topr"},
     "ref_reset_50": {"ref_reset_every": 50},
 }

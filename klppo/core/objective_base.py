@@ -172,6 +172,9 @@ class Objective:
     knobs: ClassVar[dict[str, float | None]] = {}  # Knobs it reads -> its default
     level: ClassVar[Literal["token", "sequence"]] = "token"
     needs_probabilities: ClassVar[bool] = False  # reads exp(logp) as a probability
+    # its ratio is to the policy that sampled the data (off-policy REINFORCE), not to the
+    # policy before the update, where the two differ (stale or lower-precision samplers)
+    ratio_to_sampler: ClassVar[bool] = False
     #: the unit of the divergence its controller measures (a KL unless the objective says not)
     penalty_unit: ClassVar[str] = "nats per sample"
 

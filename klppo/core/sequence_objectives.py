@@ -198,10 +198,12 @@ class TOPR(SequenceObjective):
     No band: positive samples are never clipped, and negative ones can only be down-weighted.
     With a per-token advantage klppo takes each token's sign and ``A_t`` (the trajectory ratio
     is still the response's), equal to TOPR when ``A`` is constant over each sequence.
-    ``c_t = (N / S) a_{i,t} A_t``."""
+    ``c_t = (N / S) a_{i,t} A_t``. ``logp_old`` is the sampling policy's (``ratio_to_sampler``:
+    ``klppo rlhf`` passes the stale or lower-precision sampler's log-probabilities)."""
 
     name = "topr"
     band_knobs = ()
+    ratio_to_sampler = True
 
     def sequence_term(self, ratio, logp_new, logp_old, advantage, seg):
         log_rho = (seg.onehot.to(ratio.dtype) @ (logp_new - logp_old).detach())[seg.ids]

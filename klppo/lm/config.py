@@ -306,6 +306,13 @@ def _check_objective(c: RLHFConfig) -> None:
     if c.cov_selection != "top" and c.objective != "clip_cov":
         raise _bad("cov_selection", c.cov_selection, f"objective={c.objective!r} would ignore "
                    "it (clip_cov only)")
+    if cls.ratio_to_sampler and c.mismatch_correction != "none":
+        raise _bad("mismatch_correction", c.mismatch_correction, f"objective={c.objective!r} "
+                   "takes its ratio to the sampling policy already")
+    if cls.ratio_to_sampler and c.temperature != 1.0 and (c.staleness or
+                                                          c.rollout_dtype != "float32"):
+        raise _bad("temperature", c.temperature, f"objective={c.objective!r} with a separate "
+                   "sampler needs temperature 1: its ratio would also hold the temperature")
     if c.loss_reduction != "token_mean" and issubclass(cls, SequenceObjective):
         raise _bad("loss_reduction", c.loss_reduction, f"objective={c.objective!r} already "
                    "reduces each response first")

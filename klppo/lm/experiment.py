@@ -288,6 +288,7 @@ class Experiment:
         t1 = time.perf_counter()
         b = self.score(prompts, responses, beta)                            # 2. score, GAE
         b.update(self.mismatch(b, logp_rollout.cpu()))
+        b["logp_sampler"] = logp_rollout.cpu() if self.rollout_lm is not None else None
         t2 = time.perf_counter()
         stats = self.update(prompts, responses, b, beta)                    # 3. update
         if c.staleness:
@@ -397,6 +398,9 @@ class Experiment:
         s, mask, adv, ret = b["s"], b["mask"].to(dev), b["adv"].to(dev), b["ret"].to(dev)
         self.policy.train()
         logp_old, v_old = s["logp"].detach().to(dev), s["values"].detach().to(dev)
+        logp_ratio = logp_old  # what the objective's ratio divides by
+        if self.loss.policy.ratio_to_sampler and b["logp_sampler"] is not None:
+            logp_ratio = b["logp_sampler"].to(dev)  # TOPR: the ratio to the behaviour policy
         logp_ref = s["logp_ref"].to(dev)
         sums: dict[str, float] = {}
         n = 0
@@ -408,7 +412,7 @@ class Experiment:
                 mk = mask[idx]
                 seq = mk.nonzero()[:, 0]  # each token's sequence
                 w = self.token_weights(b["weights"], idx, mk, seq)
-                out = self.loss(cur["logp"][mk], logp_old[idx][mk], adv[idx][mk],
+                out = self.loss(cur["logp"][mk], logp_ratio[idx][mk], adv[idx][mk],
                                 cur["values"][mk], ret[idx][mk], v_old[idx][mk],
                                 sequence_ids=seq, sample_weight=w)
                 loss = out["loss"]

@@ -111,3 +111,41 @@ def test_a_resume_with_a_stale_sampler_is_exact(tiny_model_dir, tmp_path):
     with pytest.raises(RLHFError):
         rlhf(_cfg(tiny_model_dir, run, **kw), reward=reward, on_iteration=crash)
     assert strip(resume_rlhf(run, reward=reward).metrics) == strip(full.metrics)
+
+
+@pytest.mark.parametrize("objective, to_sampler", [("topr", True), ("clip", False)])
+def test_topr_takes_its_ratio_to_the_stale_sampler(tiny_model_dir, tmp_path, monkeypatch,
+                                                   objective, to_sampler):
+    """staleness 2: TOPR's ratio divides by the sampler's log-probabilities (the behaviour
+    policy, the paper's mu); PPO-Clip's by the policy before the update. One epoch: each
+    iteration's loss calls see every response token once."""
+    from klppo.lm import experiment as E
+
+    sampled, seen = [], []
+    generate, call = E.generate, PPOLoss.__call__
+
+    def spy_generate(*args, **kwargs):
+        responses, logp = generate(*args, **kwargs)
+        sampled.append(logp.detach().clone())
+        return responses, logp
+
+    def spy(self, logp_new, logp_old, *args, **kwargs):
+        seen.append((len(sampled), logp_new.detach().clone(), logp_old.clone()))
+        return call(self, logp_new, logp_old, *args, **kwargs)
+
+    monkeypatch.setattr(E, "generate", spy_generate)
+    monkeypatch.setattr(PPOLoss, "__call__", spy)
+    rlhf(_cfg(tiny_model_dir, tmp_path / "run", objective=objective, staleness=2,
+              iterations=4), reward=reward)
+    it = 4  # the policy has moved 2 updates past the sampler
+    olds = torch.cat([old for i, _, old in seen if i == it])
+    sampler = sampled[it - 1].reshape(-1)  # every response token (no EOS stop)
+    assert torch.equal(torch.sort(olds).values, torch.sort(sampler).values) == to_sampler
+    first_new, first_old = next((new, old) for i, new, old in seen if i == it)
+    assert torch.equal(first_new, first_old) != to_sampler  # the proximal policy's
+
+
+def test_topr_refuses_a_second_correction_of_the_same_ratio():
+    with pytest.raises(ConfigError, match=r"mismatch_correction='tis': objective='topr' takes "
+                                          r"its ratio to the sampling policy already"):
+        validate_rlhf(RLHFConfig(objective="topr", staleness=1, mismatch_correction="tis"))
