@@ -83,7 +83,8 @@ class RLHFConfig:
     k2_sequence): k2_sequence ((sum_t log pi/pi_ref)^2 / 2 times the detached response ratio
     to the sampling policy), k3_ratio (sum_t k3 times the differentiated response ratio), or
     k3 (GRPO's sum_t k3, no ratio: neither KL's gradient); beta multiplies it averaged over
-    responses"""
+    responses. k2_sequence diverged with 4 epochs in docs/results/rlhf-controls (its response
+    ratio's variance); k3 held the target there"""
     kl_unit: KLUnitLM = "per_sequence_sum"
     """unit of the KL fed to the controller and of the target: per_sequence_sum (nats per
     sequence), per_token_mean (nats per response token), per_token_mean_all (trlx's per-token
