@@ -143,6 +143,9 @@ def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.Metri
                         break
         finally:
             writer.close()
+        # the end state before closing: a second signal while the envs close (the stop handler
+        # is gone by then) must not leave status.json saying 'running'
+        life.status(state, tr.iteration, **why)
     except KeyboardInterrupt:
         life.final_status("interrupted", tr.iteration, error="interrupted at once (second signal)")
         raise RunInterrupted(life.run_dir, stop.signum) from None
@@ -151,7 +154,6 @@ def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.Metri
     finally:
         tr.close()
         life.lock.release()
-    life.status(state, tr.iteration, **why)
     return state
 
 

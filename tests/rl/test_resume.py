@@ -267,3 +267,28 @@ def test_exploding_value_loss_is_warned(tmp_path, caplog):
     assert any("critic is diverging" in w for w in status["warnings"])
     assert any("kl_rollout" in w and "nats per sample" in w for w in status["warnings"])
     assert "diverging" in caplog.text
+
+
+def test_a_second_signal_while_the_envs_close_leaves_the_stopped_runs_status(tmp_path,
+                                                                            monkeypatch):
+    """A first SIGTERM stops after the iteration; a second one that lands while the envs close
+    (the stop handler is gone by then: a sweep's killed parent was seen to cause this) must not
+    leave status.json at 'running'."""
+    from klppo.rl.lifecycle import RunTrainer
+    from tests.signalguard import send_self
+
+    def interrupted_close(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunTrainer, "close", interrupted_close)
+    cfg = rl.preset("klip/cartpole")
+    cfg.total_steps, cfg.tensorboard, cfg.out = 4096, False, str(tmp_path / "r")
+
+    def stop_at_2(m):
+        if m["iteration"] == 2:
+            send_self(signal.SIGTERM)
+
+    with pytest.raises(KeyboardInterrupt):
+        rl.train(cfg, on_iteration=stop_at_2)
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert status["state"] == "interrupted" and status["iteration"] == 2
