@@ -118,7 +118,8 @@ def run(argv: list[str]) -> int:
     def done(name, state, err):
         ended[0] += 1
         eta.update(ended[0])
-        left = "-" if eta.left is None else clock(eta.left)
+        # a stop request ends the runs early: no time is left to estimate
+        left = "-" if eta.left is None or state != "finished" else clock(eta.left)
         print(f"  [{ended[0]}/{len(configs)}] {name}: {state}"
               f"{'' if err is None else ' (' + err[:200] + ')'} "
               f"({time.perf_counter() - t0:.0f}s, ETA {left})", flush=True)

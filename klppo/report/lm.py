@@ -94,6 +94,19 @@ def _curves(by_arm: dict[str, list[list[dict]]], key: str, title: str, ylabel: s
     return fig
 
 
+def _common_length(by_arm: dict[str, list[list[dict]]]) -> int | None:
+    """Cut every run to the records all of them have (runs of a stopped comparison end at
+    different iterations; curves and second halves then cover the same iterations): the common
+    length when a cut was needed, else None."""
+    lengths = [len(recs) for runs in by_arm.values() for recs in runs]
+    if len(set(lengths)) == 1:
+        return None
+    n = min(lengths)
+    for runs in by_arm.values():
+        runs[:] = [recs[:n] for recs in runs]
+    return n
+
+
 def lm_report(compare_dir: str | Path, out_dir: str | Path) -> tuple[Path, list[ArmSummary]]:
     compare_dir, out = Path(compare_dir), Path(out_dir)
     figs_dir = out / "figures"
@@ -110,6 +123,7 @@ def lm_report(compare_dir: str | Path, out_dir: str | Path) -> tuple[Path, list[
         by_arm[d.name.rsplit("__", 1)[0]].append(recs)
     if not by_arm:
         raise FileNotFoundError(f"{compare_dir}: no RLHF run with metrics")
+    common = _common_length(by_arm)
     unit = next(iter(by_arm.values()))[0][0]["kl_unit"]
     target = next(iter(by_arm.values()))[0][0]["kl_target"]
     mean = "per arm, mean over seeds"
@@ -133,12 +147,16 @@ def lm_report(compare_dir: str | Path, out_dir: str | Path) -> tuple[Path, list[
     md += [f"| {s.arm} | {s.seeds} | {s.kl_second_half:.2f} | {s.kl_abs_error_second_half:.2f}"
            f" | {s.max_seed_abs_error:.2f} | {s.score_second_half:.3f} | {s.final_beta:.4g} | "
            f"{s.final_perplexity:.1f} | {s.distinct_2:.3f} |" for s in summaries]
+    if common is not None:
+        md.append(f"\nRuns stopped at different iterations: every run is read up to iteration "
+                  f"{common}, the last that all of them reached.")
     (out / "summary.md").write_text("\n".join(md) + "\n")
     e = html.escape
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>klppo RLHF report"
              f"</title><style>{CSS}</style></head><body><h1>RLHF: fixed vs adaptive KL control"
              f"</h1><p class='muted'>KL unit: {e(unit)}; target {target:g}. Second half = "
-             "iterations after the midpoint, averaged over seeds.</p><table><tr>"
+             "iterations after the midpoint, averaged over seeds."
+             + ("" if common is None else f" {e(md[-1].strip())}") + "</p><table><tr>"
              + "".join(f"<th>{e(h.strip())}</th>" for h in md[0].strip('|').split('|'))
              + "</tr>"]
     for s in summaries:

@@ -47,3 +47,26 @@ def test_every_legend_is_outside_its_axes(tmp_path, monkeypatch):
         assert legend.x0 >= ax.get_window_extent().x1, ax.get_title()
     kl = next(f for f in figs if "KL" in f.axes[0].get_title())
     assert "target 6" in [t.get_text() for t in kl.axes[0].get_legend().get_texts()]
+
+
+def test_a_stopped_comparison_is_reported_over_the_iterations_every_run_reached(tmp_path):
+    # a comparison stopped by a signal: its runs end at different iterations (seen on a GPU,
+    # 39 to 42 of 80); the report covers iterations 1..4 of every run, and says so
+    _arm(tmp_path, "fixed__0", [1.0, 2.0, 3.0, 4.0, 100.0])
+    _arm(tmp_path, "fixed__1", [3.0, 4.0, 5.0, 6.0])
+    _arm(tmp_path, "adaptive__0", [2.0, 2.0, 8.0, 8.0, 100.0, 100.0])
+    page, summaries = lm_report(tmp_path, tmp_path / "out")
+    by = {s.arm: s for s in summaries}
+    assert by["fixed"].kl_second_half == (3.5 + 5.5) / 2  # iterations 3-4 of each seed
+    assert by["adaptive"].kl_second_half == 8.0
+    assert by["adaptive"].final_perplexity == 63.0  # iteration 4's, not 6's
+    note = "every run is read up to iteration 4"
+    assert note in (tmp_path / "out" / "summary.md").read_text() and note in page.read_text()
+
+
+def test_runs_of_equal_length_are_not_cut(tmp_path):
+    _arm(tmp_path, "fixed__0", [1.0, 2.0, 3.0, 4.0])
+    _arm(tmp_path, "adaptive__0", [2.0, 2.0, 8.0, 9.0])
+    _, summaries = lm_report(tmp_path, tmp_path / "out")
+    assert {s.arm: s.kl_second_half for s in summaries} == {"adaptive": 8.5, "fixed": 3.5}
+    assert "stopped" not in (tmp_path / "out" / "summary.md").read_text()
