@@ -4,7 +4,9 @@ Every arm starts from the same pretrained model (`klppo lm pretrain --out runs/l
 the adaptive controller (proportional, target 6 nats per sequence) and changes one control:
 
 * where the KL to the reference is priced: in the reward (k1, Ziegler et al.), or in the loss
-  as `k2_sequence` (reverse KL's gradient) or GRPO's per-token `k3` (neither KL's gradient);
+  as `k1_to_go` (klppo's in-loss default: k1 as per-token returns with PPO's per-token ratio),
+  `k2_sequence` (reverse KL's gradient with the response's ratio) or GRPO's per-token `k3`
+  (neither KL's gradient);
 * the training-inference mismatch: responses sampled by a bfloat16 copy of the policy, with no
   correction or with truncated importance sampling (TIS);
 * stale rollouts (sampled by the policy 2 updates back): no correction, decoupled PPO (TIS on
@@ -36,6 +38,7 @@ from klppo.runs.metrics import read_metrics
 STALE = {"staleness": 2}
 ARMS: dict[str, dict] = {
     "reward_k1": {},
+    "loss_k1_to_go": {"kl_placement": "loss", "kl_loss": "k1_to_go"},
     "loss_k2_sequence": {"kl_placement": "loss", "kl_loss": "k2_sequence"},
     "loss_k3_grpo": {"kl_placement": "loss", "kl_loss": "k3"},
     "bf16_uncorrected": {"rollout_dtype": "bfloat16"},

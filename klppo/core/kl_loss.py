@@ -16,6 +16,21 @@ two forms the exact enumeration finds unbiased for ``KL(pi || pi_ref)`` over who
 * ``k3``: ``sum_t k3_t`` (GRPO's and TRL's form without the ratio): per token the forward KL
   on-policy, over sequences neither.
 
+The two exact forms pay for exactness with a ratio over the whole response (a product of its
+tokens' ratios): after the first epoch over a batch it is far from 1 and its variance grows with
+the length (``k2_sequence`` diverged with 4 epochs on the Austen loop). A third form keeps the
+per-token ratio PPO's surrogate uses:
+
+* ``k1_to_go`` (the default): ``sum_t w_t sg(G_t)``, ``w_t = pi_t / pi_old_t`` differentiated
+  and ``G_t = sum_{s >= t} d_s`` the KL still to come in the response, detached. Its gradient is
+  what ``k1`` in the rewards gives PPO (the KL credited through returns-to-go, the cell "k1 in
+  the reward, per token": on-policy / per-token ratio), here as a term of the loss beside the
+  objective: on the first pass over a batch exactly the reverse KL's gradient over whole
+  responses; on later passes the per-token ratio leaves the change of the states uncorrected,
+  the same first-order approximation as PPO's surrogate, with the variance of one token's ratio.
+  Its value is ``D = sum_t d_t`` (the ``k1`` estimate of the KL, nats per sequence); the
+  gradient rides on a term whose value is 0.
+
 Each returns one value per sequence (nats per sequence; ``k2_sequence``'s mean is the KL only
 to second order). ``w`` can be large when ``pi`` has moved far from ``pi_old``: it is the exact
 correction, not a clipped one.
@@ -31,7 +46,7 @@ from klppo.core.kl import ESTIMATORS, per_sequence_sum
 
 __all__ = ["KLLossForm", "KL_LOSS_FORMS", "kl_loss_terms", "kl_loss_combination"]
 
-KLLossForm = Literal["k2_sequence", "k3_ratio", "k3"]
+KLLossForm = Literal["k1_to_go", "k2_sequence", "k3_ratio", "k3"]
 KL_LOSS_FORMS: tuple[str, ...] = get_args(KLLossForm)
 
 
@@ -40,6 +55,8 @@ def kl_loss_terms(form: str, logp: torch.Tensor, logp_ref: torch.Tensor,
     """``[B]`` per-sequence KL terms of ``[B, T]`` token log-probabilities under the policy
     (with gradient), the reference and the sampling policy, over the valid tokens of ``mask``."""
     d = logp - logp_ref
+    if form == "k1_to_go":
+        return _k1_to_go(d, logp - logp_old.detach(), mask)
     if form == "k2_sequence":
         big_d = per_sequence_sum(d, mask)
         w = torch.exp(per_sequence_sum(logp - logp_old, mask)).detach()
@@ -52,13 +69,27 @@ def kl_loss_terms(form: str, logp: torch.Tensor, logp_ref: torch.Tensor,
     raise ValueError(f"kl_loss must be one of {', '.join(KL_LOSS_FORMS)}, got kl_loss={form!r}")
 
 
-def kl_loss_combination(form: str, first_pass: bool = True) -> tuple[str, str, str]:
-    """``(estimator, granularity, correction)`` of the form in :mod:`klppo.core.kl_gradients`
-    (placement ``loss``), on the first pass over a batch or on a later one."""
+def _k1_to_go(d: torch.Tensor, log_w: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``sum_t w_t sg(G_t)`` with the gradient of that and the value ``sum_t d_t``."""
+    if mask is not None:
+        d, log_w = d * mask, log_w * mask
+    d = d.detach()
+    to_go = d.flip(-1).cumsum(-1).flip(-1)  # G_t = sum_{s >= t} d_s
+    w = torch.exp(log_w)
+    return ((w - w.detach()) * to_go).sum(-1) + d.sum(-1)
+
+
+def kl_loss_combination(form: str, first_pass: bool = True) -> tuple[str, str, str, str]:
+    """``(estimator, placement, granularity, correction)`` of the form in
+    :mod:`klppo.core.kl_gradients` on the first pass over a batch or on a later one: placement
+    ``loss`` (the estimate differentiated) except for ``k1_to_go``, whose gradient is the
+    score-function term of ``k1`` in the rewards (placement ``reward``)."""
+    if form == "k1_to_go":
+        return "k1", "reward", "token", "on_policy" if first_pass else "token_ratio_grad"
     if form == "k2_sequence":
-        return "k2", "sequence", "on_policy" if first_pass else "ratio"
+        return "k2", "loss", "sequence", "on_policy" if first_pass else "ratio"
     if form == "k3_ratio":
-        return "k3", "token", "ratio_grad"
+        return "k3", "loss", "token", "ratio_grad"
     if form == "k3":
-        return "k3", "token", "on_policy" if first_pass else "none"
+        return "k3", "loss", "token", "on_policy" if first_pass else "none"
     raise ValueError(f"kl_loss must be one of {', '.join(KL_LOSS_FORMS)}, got kl_loss={form!r}")

@@ -76,15 +76,18 @@ class RLHFConfig:
     kl_placement: KLPlacement = "reward"
     """reward: -beta KL_t in every token's reward (Ziegler/TRL); loss: beta times the kl_loss
     form in the loss (kl_estimator then only measures the KL). k1 in the reward and the
-    k2_sequence and k3_ratio forms in the loss have the gradient of KL(policy || reference)
-    over whole responses (`klppo verify`); other choices warn"""
+    k1_to_go, k2_sequence and k3_ratio forms in the loss have the gradient of
+    KL(policy || reference) over whole responses on fresh samples (`klppo verify`); other
+    choices warn"""
     kl_loss: KLLossForm | None = None
     """with kl_placement=loss, the KL term per response (klppo.core.kl_loss; None means
-    k2_sequence): k2_sequence ((sum_t log pi/pi_ref)^2 / 2 times the detached response ratio
-    to the sampling policy), k3_ratio (sum_t k3 times the differentiated response ratio), or
-    k3 (GRPO's sum_t k3, no ratio: neither KL's gradient); beta multiplies it averaged over
-    responses. k2_sequence diverged with 4 epochs in docs/results/rlhf-controls (its response
-    ratio's variance); k3 held the target there"""
+    k1_to_go): k1_to_go (each token's ratio to the sampling policy times the KL still to come
+    in the response, detached: k1 in the returns, as a term of the loss; per-token ratios as
+    in PPO's surrogate), k2_sequence ((sum_t log pi/pi_ref)^2 / 2 times the detached response
+    ratio), k3_ratio (sum_t k3 times the differentiated response ratio), or k3 (GRPO's sum_t
+    k3, no ratio: neither KL's gradient); beta multiplies it averaged over responses.
+    k2_sequence diverged with 4 epochs in docs/results/rlhf-controls (its response ratio's
+    variance)"""
     kl_unit: KLUnitLM = "per_sequence_sum"
     """unit of the KL fed to the controller and of the target: per_sequence_sum (nats per
     sequence), per_token_mean (nats per response token), per_token_mean_all (trlx's per-token
@@ -371,16 +374,16 @@ def kl_gradient_combination(c: RLHFConfig) -> Combination:
     only measures the KL). Later PPO epochs reuse the samples: per-token ratios for the reward
     (PPO's surrogate), the form's own correction in the loss."""
     if c.kl_placement == "loss":
-        est, gran, corr = kl_loss_combination(kl_loss_form(c))
+        est, place, gran, corr = kl_loss_combination(kl_loss_form(c))
         if c.response_len == 1:  # one token: its sequence log-ratio is its own
             gran = "token"
-        return Combination(est, "loss", gran, corr, c.response_len)
+        return Combination(est, place, gran, corr, c.response_len)
     return Combination(c.kl_estimator, "reward", "token", "on_policy", c.response_len)
 
 
 def kl_loss_form(c: RLHFConfig) -> str:
-    """The loss-side KL form the config runs (``k2_sequence`` unless ``kl_loss`` names one)."""
-    return c.kl_loss or "k2_sequence"
+    """The loss-side KL form the config runs (``k1_to_go`` unless ``kl_loss`` names one)."""
+    return c.kl_loss or "k1_to_go"
 
 
 def kl_gradient_warning(c: RLHFConfig) -> str | None:

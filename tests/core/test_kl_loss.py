@@ -30,14 +30,15 @@ def test_each_form_descends_the_kl_its_cell_claims(form, on_policy):
         inst = random_instance(3, 2, gen)
         reverse, forward = exact_gradients(inst)
         g = _expected_gradient(form, inst, on_policy)
-        est, gran, corr = kl_loss_combination(form, first_pass=on_policy)
-        verdict = claimed(Combination(est, "loss", gran, corr, 3))
+        est, place, gran, corr = kl_loss_combination(form, first_pass=on_policy)
+        verdict = claimed(Combination(est, place, gran, corr, 3))
         gap = float((g - reverse).abs().max())
         if verdict == "reverse":
             assert gap < 1e-10
         else:
             assert verdict == "neither" and gap > 1e-3
-    assert (form != "k3") == (verdict == "reverse")
+    # k1_to_go: exact on fresh samples; on a sampler's, the per-token ratio is PPO's approximation
+    assert (form != "k3" and (on_policy or form != "k1_to_go")) == (verdict == "reverse")
 
 
 def test_the_terms_are_per_sequence_over_the_valid_tokens():
@@ -52,5 +53,22 @@ def test_the_terms_are_per_sequence_over_the_valid_tokens():
     assert torch.allclose(kl_loss_terms("k3", logp, ref, logp, mask), k3)
     assert torch.allclose(kl_loss_terms("k3_ratio", logp, ref, logp - 0.1, mask),
                           torch.exp(torch.tensor([0.3, 0.2])) * k3)
-    with pytest.raises(ValueError, match="kl_loss must be one of k2_sequence, k3_ratio, k3"):
+    with pytest.raises(ValueError, match="kl_loss must be one of k1_to_go, k2_sequence, k3_"):
         kl_loss_terms("k1", logp, ref, logp, mask)
+
+
+def test_k1_to_go_by_hand_value_and_gradient():
+    # value: D = sum_t d_t over the valid tokens; gradient in log pi_t: w_t * G_t, with
+    # w_t = pi_t / pi_old_t and G_t = sum_{s >= t} d_s (padding neither counted nor credited)
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.2, -9.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.1, -0.4, 3.0]])
+    old = torch.tensor([[-1.2, -2.0, -0.1], [-0.3, -0.5, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    terms = kl_loss_terms("k1_to_go", logp, ref, old, mask)
+    assert torch.allclose(terms, torch.tensor([0.5 - 1.0 + 0.0, -0.2 + 0.2]), atol=1e-6)
+    (g,) = torch.autograd.grad(terms.sum(), logp)
+    import math
+    d = [[0.5, -1.0, 0.0], [-0.2, 0.2, 0.0]]
+    w = [[math.exp(0.2), 1.0, math.exp(-0.4)], [1.0, math.exp(0.3), 0.0]]
+    want = [[w[i][t] * sum(d[i][t:]) for t in range(3)] for i in range(2)]
+    assert torch.allclose(g, torch.tensor(want), atol=1e-6)

@@ -115,15 +115,16 @@ def test_two_iteration_run_writes_the_expected_metrics(tiny_model_dir, tmp_path,
         res = rlhf(cfg, reward=lambda p, r: [float(len(x) % 3) for x in r])
     said = [str(w.message) for w in caught if issubclass(w.category, KLGradientWarning)]
     if (placement, estimator) == ("reward", "k1") or (placement, form) == ("loss", None):
-        assert said == []  # the unbiased ones (k1 in the reward, k2_sequence in the loss): silent
+        assert said == []  # the unbiased ones (k1 in the reward, k1_to_go in the loss): silent
     else:  # once per run, naming the setting, the combination, its KL and the unbiased forms
         [msg] = said
         assert f"kl_estimator={estimator}, kl_placement={placement}" in msg
         assert {"loss": "k3 in the loss", "reward": f"{estimator} in the reward"}[placement] in msg
         assert "neither KL(policy || reference) nor KL(reference || policy)" in msg
         assert "unbiased forms of KL(policy || reference) here: kl_estimator=k1 with " \
-               "kl_placement=reward or kl_placement=loss with kl_loss=k2_sequence or " \
-               "kl_placement=loss with kl_loss=k3_ratio" in msg
+               "kl_placement=reward or kl_placement=loss with kl_loss=k1_to_go or " \
+               "kl_placement=loss with kl_loss=k2_sequence or kl_placement=loss with " \
+               "kl_loss=k3_ratio" in msg
     recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(recs) == 2
     for k in ("score", "kl", "kl_unit", "kl_k1_per_sequence_sum", "kl_k3_per_sequence_sum",
@@ -137,7 +138,7 @@ def test_two_iteration_run_writes_the_expected_metrics(tiny_model_dir, tmp_path,
     assert (res.run_dir / "policy" / "config.json").exists()
     assert ("kl_loss" in recs[1]) == (placement == "loss")
     if placement == "loss":
-        assert recs[1]["kl_loss_form"] == (form or "k2_sequence")
+        assert recs[1]["kl_loss_form"] == (form or "k1_to_go")
     assert recs[1]["kl_estimator"] == estimator
     assert json.loads((res.run_dir / "status.json").read_text())["state"] == "finished"
 
@@ -150,7 +151,7 @@ def test_kl_gradient_warning_names_the_kl_each_setting_descends():
         msg = warn(kl_estimator=est, kl_placement="loss", kl_loss="k3", response_len=1)
         assert "k3 in the loss (per token, on-policy, 1 token)" in msg
         assert "KL(reference || policy), the forward KL" in msg
-        for form in ("k2_sequence", "k3_ratio", None):  # unbiased over whole responses
+        for form in ("k1_to_go", "k2_sequence", "k3_ratio", None):  # unbiased, whole responses
             assert warn(kl_estimator=est, kl_placement="loss", kl_loss=form) is None
     msg = warn(kl_estimator="k3", kl_placement="loss", kl_loss="k3", response_len=24)
     assert "24 tokens" in msg and "(for a single token: KL(reference || policy)" in msg
