@@ -61,7 +61,8 @@ def _mlp(layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor,
 
 
 def _dev(x: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+    x = np.ascontiguousarray(x)
+    return torch.from_numpy(x if x.flags.writeable else x.copy()).to(device)
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
@@ -134,7 +135,7 @@ class TorchStack:
         """One minibatch step of each policy in ``rows``; per policy its detached per-sample
         outputs and loss terms, on the CPU. ``ws`` is unused (the numpy stack's workspace)."""
         dev, slots = self.device, [self.slots[r] for r in rows]
-        r_idx = torch.as_tensor(rows, device=dev)
+        r_idx = torch.tensor(rows, device=dev)  # a copy: rows may be a read-only view
         f = {k: _dev(getattr(mb, k), dev) for k in ("obs", "actions", "params", "logp", "adv",
                                                     "returns", "values")}
         lone = len(rows) == 1  # padded with a copy that has no loss (see the module docstring)
@@ -174,7 +175,7 @@ class TorchStack:
         """Per row of ``rows``, the mean analytic KL(rollout policy || current policy) over its
         rollout (nats per sample)."""
         dev = self.device
-        W = self.W[torch.as_tensor(rows, device=dev)]
+        W = self.W[torch.tensor(rows, device=dev)]
         params, _ = self.nets(W, _dev(obs, dev), critic=False)
         old = _dev(old_params, dev)
         return [float(self.slots[r].head.kl(old[a], params[a]).mean()) for a, r in enumerate(rows)]
