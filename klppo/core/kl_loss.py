@@ -21,8 +21,10 @@ tokens' ratios): after the first epoch over a batch it is far from 1 and its var
 the length (``k2_sequence`` diverged with 4 epochs on the Austen loop). A third form keeps the
 per-token ratio PPO's surrogate uses:
 
-* ``k1_to_go`` (the default): ``sum_t w_t sg(G_t)``, ``w_t = pi_t / pi_old_t`` differentiated
-  and ``G_t = sum_{s >= t} d_s`` the KL still to come in the response, detached. Its gradient is
+* ``k1_to_go`` (the default): ``sum_t w_t sg(G_t - b_t)``, ``w_t = pi_t / pi_old_t``
+  differentiated, ``G_t = sum_{s >= t} d_s`` the KL still to come in the response and ``b_t``
+  the mean ``G_t`` of the batch's other responses (leave-one-out: independent of the response,
+  so it changes the variance, not the expectation), both detached. Its gradient is
   what ``k1`` in the rewards gives PPO (the KL credited through returns-to-go, the cell "k1 in
   the reward, per token": on-policy / per-token ratio), here as a term of the loss beside the
   objective: on the first pass over a batch exactly the reverse KL's gradient over whole
@@ -51,12 +53,17 @@ KL_LOSS_FORMS: tuple[str, ...] = get_args(KLLossForm)
 
 
 def kl_loss_terms(form: str, logp: torch.Tensor, logp_ref: torch.Tensor,
-                  logp_old: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+                  logp_old: torch.Tensor, mask: torch.Tensor | None = None, *,
+                  baseline: bool = True) -> torch.Tensor:
     """``[B]`` per-sequence KL terms of ``[B, T]`` token log-probabilities under the policy
-    (with gradient), the reference and the sampling policy, over the valid tokens of ``mask``."""
+    (with gradient), the reference and the sampling policy, over the valid tokens of ``mask``.
+    ``baseline`` (``k1_to_go`` only): subtract from each ``G_t`` the mean of the other
+    responses' at the same position (leave-one-out; 0 when no other response has a token
+    there). The responses must then be independent draws: the exact enumeration, which weights
+    every sequence instead of drawing, passes False."""
     d = logp - logp_ref
     if form == "k1_to_go":
-        return _k1_to_go(d, logp - logp_old.detach(), mask)
+        return _k1_to_go(d, logp - logp_old.detach(), mask, baseline)
     if form == "k2_sequence":
         big_d = per_sequence_sum(d, mask)
         w = torch.exp(per_sequence_sum(logp - logp_old, mask)).detach()
@@ -69,12 +76,16 @@ def kl_loss_terms(form: str, logp: torch.Tensor, logp_ref: torch.Tensor,
     raise ValueError(f"kl_loss must be one of {', '.join(KL_LOSS_FORMS)}, got kl_loss={form!r}")
 
 
-def _k1_to_go(d: torch.Tensor, log_w: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """``sum_t w_t sg(G_t)`` with the gradient of that and the value ``sum_t d_t``."""
-    if mask is not None:
-        d, log_w = d * mask, log_w * mask
-    d = d.detach()
+def _k1_to_go(d: torch.Tensor, log_w: torch.Tensor, mask: torch.Tensor | None,
+              baseline: bool) -> torch.Tensor:
+    """``sum_t w_t sg(G_t - b_t)`` with the gradient of that and the value ``sum_t d_t``."""
+    valid = torch.ones_like(d) if mask is None else mask.to(d.dtype)
+    d, log_w = (d * valid).detach(), log_w * valid
     to_go = d.flip(-1).cumsum(-1).flip(-1)  # G_t = sum_{s >= t} d_s
+    if baseline:  # b_t: the other responses' mean G_t (independent of this one: no bias)
+        others = valid.sum(0) - valid
+        b = ((to_go * valid).sum(0) - to_go * valid) / others.clamp(min=1)
+        to_go = (to_go - torch.where(others > 0, b, torch.zeros_like(b))) * valid
     w = torch.exp(log_w)
     return ((w - w.detach()) * to_go).sum(-1) + d.sum(-1)
 

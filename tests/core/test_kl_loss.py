@@ -17,7 +17,7 @@ def _expected_gradient(form: str, inst, on_policy: bool) -> torch.Tensor:
     lr, lm = _token_logp(inst.ref, t), _token_logp(inst.mu, t)
     old = lp.detach() if on_policy else lm
     weight = old.sum(1).exp()  # the probability of each sequence under the sampler
-    terms = kl_loss_terms(form, lp, lr, old)
+    terms = kl_loss_terms(form, lp, lr, old, baseline=False)  # every sequence, weighted
     (g,) = torch.autograd.grad((weight * terms).sum(), theta)
     return g
 
@@ -64,7 +64,7 @@ def test_k1_to_go_by_hand_value_and_gradient():
     ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.1, -0.4, 3.0]])
     old = torch.tensor([[-1.2, -2.0, -0.1], [-0.3, -0.5, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
-    terms = kl_loss_terms("k1_to_go", logp, ref, old, mask)
+    terms = kl_loss_terms("k1_to_go", logp, ref, old, mask, baseline=False)
     assert torch.allclose(terms, torch.tensor([0.5 - 1.0 + 0.0, -0.2 + 0.2]), atol=1e-6)
     (g,) = torch.autograd.grad(terms.sum(), logp)
     import math
@@ -72,3 +72,45 @@ def test_k1_to_go_by_hand_value_and_gradient():
     w = [[math.exp(0.2), 1.0, math.exp(-0.4)], [1.0, math.exp(0.3), 0.0]]
     want = [[w[i][t] * sum(d[i][t:]) for t in range(3)] for i in range(2)]
     assert torch.allclose(g, torch.tensor(want), atol=1e-6)
+
+
+def test_k1_to_go_leave_one_out_baseline_by_hand():
+    # b_t: the other responses' mean G_t where they have a token (none: 0); the value is D still
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.2, -9.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.1, -0.4, 3.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    terms = kl_loss_terms("k1_to_go", logp, ref, logp.detach(), mask)  # on-policy: w_t = 1
+    assert torch.allclose(terms, torch.tensor([-0.5, 0.0]), atol=1e-6)
+    (g,) = torch.autograd.grad(terms.sum(), logp)
+    go = [[-0.5, -1.0, 0.0], [0.0, 0.2, 0.0]]  # G_t of each response (padding: 0)
+    want = [[go[0][0] - go[1][0], go[0][1] - go[1][1], go[0][2] - 0.0],
+            [go[1][0] - go[0][0], go[1][1] - go[0][1], 0.0]]
+    assert torch.allclose(g, torch.tensor(want), atol=1e-6)
+
+
+@pytest.mark.parametrize("on_policy", [True, False])
+def test_k1_to_go_baseline_keeps_the_expected_gradient(on_policy):
+    # every pair of independent draws (y1, y2) ~ q x q, weighted: the batch mean of the
+    # baselined terms has the expected gradient of the plain form (exactly the reverse KL's
+    # on-policy); the baseline changes the variance only
+    inst = random_instance(3, 2, torch.Generator().manual_seed(5))
+    theta = inst.theta.detach().clone().requires_grad_(True)
+    lp = _token_logp(theta, 3)
+    lr, lm = _token_logp(inst.ref, 3), _token_logp(inst.mu, 3)
+    old = lp.detach() if on_policy else lm
+    q = old.sum(1).exp()
+    n = len(q)
+    i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    i, j = i.reshape(-1), j.reshape(-1)
+    total = torch.zeros(())
+    for a, b in zip(i.tolist(), j.tolist()):
+        pair = [a, b]
+        t = kl_loss_terms("k1_to_go", lp[pair], lr[pair], old[pair])
+        total = total + q[a] * q[b] * t.mean()
+    (g_pairs,) = torch.autograd.grad(total, theta, retain_graph=True)
+    plain = (q * kl_loss_terms("k1_to_go", lp, lr, old, baseline=False)).sum()
+    (g_plain,) = torch.autograd.grad(plain, theta)
+    assert torch.allclose(g_pairs, g_plain, atol=1e-10)
+    if on_policy:
+        reverse, _ = exact_gradients(inst)
+        assert torch.allclose(g_pairs, reverse, atol=1e-10)
