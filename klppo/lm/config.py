@@ -82,8 +82,9 @@ class RLHFConfig:
     kl_loss: KLLossForm | None = None
     """with kl_placement=loss, the KL term per response (klppo.core.kl_loss; None means
     k1_to_go): k1_to_go (each token's ratio to the sampling policy times the KL still to come
-    in the response, detached: k1 in the returns, as a term of the loss; per-token ratios as
-    in PPO's surrogate), k2_sequence ((sum_t log pi/pi_ref)^2 / 2 times the detached response
+    in the response less the other responses' mean there, detached: k1 in the returns with a
+    leave-one-out baseline, as a term of the loss; per-token ratios as in PPO's surrogate),
+    k2_sequence ((sum_t log pi/pi_ref)^2 / 2 times the detached response
     ratio), k3_ratio (sum_t k3 times the differentiated response ratio), or k3 (GRPO's sum_t
     k3, no ratio: neither KL's gradient); beta multiplies it averaged over responses.
     k2_sequence diverged with 4 epochs in docs/results/rlhf-controls (its response ratio's
