@@ -4,7 +4,8 @@ Every arm starts from the same pretrained model (`klppo lm pretrain --out runs/l
 the adaptive controller (proportional, target 6 nats per sequence) and changes one control:
 
 * where the KL to the reference is priced: in the reward (k1, Ziegler et al.), or in the loss
-  as `k1_to_go` (klppo's in-loss default: k1 as per-token returns with PPO's per-token ratio),
+  as `k1_to_go` (klppo's in-loss default: k1 as per-token returns with PPO's per-token ratio
+  and a leave-one-out baseline),
   `k2_sequence` (reverse KL's gradient with the response's ratio) or GRPO's per-token `k3`
   (neither KL's gradient);
 * the training-inference mismatch: responses sampled by a bfloat16 copy of the policy, with no

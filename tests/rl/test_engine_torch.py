@@ -165,3 +165,20 @@ def test_a_torch_runs_checkpoint_holds_its_own_weights_only(tmp_path):
     for t in checkpoint(res[0].run_dir)["agent"].values():
         assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
     assert (res[0].run_dir / "checkpoint.pt").stat().st_size < 4 * own * 4 + 200_000
+
+
+def test_read_only_arrays_reach_the_device_without_a_warning():
+    # rollout arrays and row indices can be read-only views (seen on CUDA as PyTorch's
+    # "non-writable tensors" warning); the stack copies them instead
+    import warnings
+
+    from klppo.rl.engine.torch_stack import _dev
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = _dev(x, torch.device("cpu"))
+    assert t.tolist() == x.tolist()
+    t += 1  # a copy: the read-only array is untouched
+    assert x[0, 0] == 0
