@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, get_args
 
 import tyro
 
-from klppo.core.controllers import ControllerName
+from klppo.core.controllers import ControllerName, ProportionalKL
 from klppo.core.kl_gradient_claims import claimed, gradient_warning
 from klppo.core.kl_gradients import Combination
 from klppo.core.kl_loss import KLLossForm, kl_loss_combination
@@ -104,7 +105,9 @@ class RLHFConfig:
     controller: a fixed beta (trlx's semantics)"""
     horizon: Annotated[float | None, _flag("kl.horizon", "horizon")] = field(
         default=None, metadata=above(0))
-    """proportional horizon in episodes (None: iterations * batch_size / 30)"""
+    """proportional horizon in episodes (None: iterations * batch_size / 30, at least
+    batch_size, so that one update moves beta by at most the rule's clip, 20%); a horizon of
+    batch_size / 5 or less is refused (one update could take beta to 0)"""
     beta_min: Annotated[float, _flag("kl.beta-min", "beta_min")] = field(
         default=0.0, metadata=at_least(0, integer=False))
     """lower bound on beta"""
@@ -235,7 +238,9 @@ class RLHFConfig:
 
     @property
     def effective_horizon(self) -> float:
-        return self.horizon if self.horizon is not None else max(1.0, self.episodes / 30)
+        if self.horizon is not None:
+            return self.horizon
+        return max(float(self.batch_size), self.episodes / 30)
 
 
 
@@ -262,6 +267,7 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
                                    f"{c.beta_max}]")
     if c.target is None and c.controller != "proportional" and c.controller != "fixed":
         raise _bad("target", None, f"controller {c.controller!r} needs a target")
+    _check_horizon(c)
     if not (c.monitor_high > 1 and 0 < c.monitor_low < 1 and c.monitor_patience >= 1):
         raise _bad("monitor_high/low/patience", (c.monitor_high, c.monitor_low,
                    c.monitor_patience), "need high > 1, 0 < low < 1 and patience >= 1")
@@ -275,6 +281,20 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     _check_reward(c.reward)
     _check_device(c.device)
     return c
+
+
+def _check_horizon(c: RLHFConfig) -> None:
+    """The proportional rule multiplies beta by ``1 + e * n / horizon`` with ``|e| <=
+    clip``: with ``n = batch_size`` episodes per update and ``clip * n / horizon >= 1``, one
+    update below target takes beta to 0 (or below, clamped to beta_min), where a multiplicative
+    rule stays."""
+    if c.controller != "proportional" or c.horizon is None:
+        return
+    clip = inspect.signature(ProportionalKL).parameters["clip"].default
+    if clip * c.batch_size / c.horizon >= 1:
+        raise _bad("horizon", c.horizon, f"must exceed batch_size x {clip:g} = "
+                   f"{clip * c.batch_size:g} episodes: one update of {c.batch_size} episodes "
+                   "below target would take beta to 0")
 
 
 def objective_knobs(c: RLHFConfig) -> Knobs:

@@ -177,3 +177,25 @@ def test_classifier_reward_from_a_local_hf_model(tmp_path):
     assert checked(make_reward(f"classifier:{tmp_path}:0"), ["a"], ["fine"])
     with pytest.raises(ValueError, match="reward="):
         make_reward("imdb")
+
+
+def test_the_proportional_horizon_never_lets_one_update_zero_beta():
+    # default: iterations * batch_size / 30, at least batch_size (one update moves beta by at
+    # most the rule's clip); 2 iterations of 32 gave 2.13 episodes, and beta went 0.1 -> 0
+    assert RLHFConfig(iterations=2, batch_size=32).effective_horizon == 32.0
+    assert RLHFConfig(iterations=150, batch_size=32).effective_horizon == 160.0
+    assert RLHFConfig(iterations=2, horizon=7.0).effective_horizon == 7.0
+    with pytest.raises(ConfigError, match=r"horizon=6\.4: must exceed batch_size x 0\.2 = 6\.4 "
+                                          r"episodes"):
+        validate_rlhf(RLHFConfig(batch_size=32, horizon=6.4))
+    validate_rlhf(RLHFConfig(batch_size=32, horizon=6.5))
+    validate_rlhf(RLHFConfig(batch_size=32, horizon=1.0, controller="step"))  # not read
+
+
+def test_a_two_iteration_run_keeps_a_positive_beta(tiny_model_dir, tmp_path):
+    cfg = RLHFConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), iterations=2,
+                     batch_size=4, minibatch_size=2, prompt_len=6, response_len=5,
+                     eval_every=1, eval_windows=2, beta=0.1, target=100.0, ppo_epochs=1)
+    res = rlhf(cfg, reward=lambda p, r: [0.0 for _ in r])
+    recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["beta_after"] for r in recs] == pytest.approx([0.08, 0.064])  # -20% each
