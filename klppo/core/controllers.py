@@ -25,6 +25,7 @@ The rules (``d`` = the observed KL):
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Literal
 
@@ -39,6 +40,7 @@ __all__ = [
     "FixedKL",
     "StepKL",
     "ProportionalKL",
+    "proportional_zeroing_steps",
     "ExponentialKL",
     "PIDKL",
     "STEP_PRESETS",
@@ -174,6 +176,17 @@ class ProportionalKL(KLController):
         raw = d / self.target - 1.0
         e = min(max(raw, -self.clip), self.clip)
         return self._beta * (1.0 + e * n_steps / self.horizon), e != raw
+
+
+def proportional_zeroing_steps(horizon: float | None = None, clip: float | None = None) -> float:
+    """The steps per update (``n_steps``) from which one update of :class:`ProportionalKL` below
+    its target can take beta to 0 or below: ``1 + e * n / horizon <= 0`` at ``e = -clip``, so
+    ``n >= horizon / clip`` (the rule's own defaults where None). Configs refuse such settings:
+    a multiplicative rule at 0 stays there."""
+    defaults = inspect.signature(ProportionalKL).parameters
+    h = defaults["horizon"].default if horizon is None else horizon
+    c = defaults["clip"].default if clip is None else clip
+    return h / c
 
 
 class ExponentialKL(KLController):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, get_args
 
 import tyro
 
-from klppo.core.controllers import ControllerName, ProportionalKL
+from klppo.core.controllers import ControllerName, proportional_zeroing_steps
 from klppo.core.kl_gradient_claims import claimed, gradient_warning
 from klppo.core.kl_gradients import Combination
 from klppo.core.kl_loss import KLLossForm, kl_loss_combination
@@ -284,14 +283,12 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
 
 
 def _check_horizon(c: RLHFConfig) -> None:
-    """The proportional rule multiplies beta by ``1 + e * n / horizon`` with ``|e| <=
-    clip``: with ``n = batch_size`` episodes per update and ``clip * n / horizon >= 1``, one
-    update below target takes beta to 0 (or below, clamped to beta_min), where a multiplicative
-    rule stays."""
+    """An explicit proportional horizon under which one update of batch_size episodes below
+    target takes beta to 0 (:func:`~klppo.core.controllers.proportional_zeroing_steps`)."""
     if c.controller != "proportional" or c.horizon is None:
         return
-    clip = inspect.signature(ProportionalKL).parameters["clip"].default
-    if clip * c.batch_size / c.horizon >= 1:
+    if c.batch_size >= proportional_zeroing_steps(c.horizon):
+        clip = c.horizon / proportional_zeroing_steps(c.horizon)  # the rule's clip
         raise _bad("horizon", c.horizon, f"must exceed batch_size x {clip:g} = "
                    f"{clip * c.batch_size:g} episodes: one update of {c.batch_size} episodes "
                    "below target would take beta to 0")

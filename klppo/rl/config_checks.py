@@ -8,7 +8,12 @@ from __future__ import annotations
 import math
 from typing import Any, get_args
 
-from klppo.core.controllers import CONTROLLERS, is_fixed_fallback, make_controller
+from klppo.core.controllers import (
+    CONTROLLERS,
+    is_fixed_fallback,
+    make_controller,
+    proportional_zeroing_steps,
+)
 from klppo.core.loss import OBJECTIVES
 from klppo.core.surrogates import SHAPES, SOFT_SHAPES
 from klppo.rl import bounds
@@ -164,3 +169,20 @@ def _validate_kl(cfg: TrainConfig) -> None:
         make_controller(k.controller, **k.controller_options())
     except ValueError as e:
         raise ConfigError(f"kl: {e}") from None
+    _check_proportional_step(cfg)
+
+
+def _check_proportional_step(cfg: TrainConfig) -> None:
+    """The proportional rule's samples per update (a minibatch at minibatch cadence, else the
+    batch) below the count at which one update under target takes beta to 0
+    (:func:`~klppo.core.controllers.proportional_zeroing_steps`)."""
+    k = cfg.kl
+    if k.controller != "proportional":
+        return
+    n = cfg.ppo.minibatch_size if k.cadence == "minibatch" else cfg.batch_size
+    if n >= proportional_zeroing_steps(k.horizon):
+        clip = 1.0 / proportional_zeroing_steps(1.0)  # the rule's clip
+        horizon = clip * proportional_zeroing_steps(k.horizon)  # the one in force
+        raise _bad("kl.horizon", horizon, f"must exceed {n} x {clip:g} = {n * clip:g} samples: "
+                   f"one update of {n} samples (kl.cadence {k.cadence}) below target would "
+                   "take beta to 0")

@@ -310,3 +310,16 @@ def test_tensorboard_with_cleanrl_names_logs_them_instead(tmp_path):
     assert "kl/rollout" in tags  # no CleanRL name: klppo's
     assert [e.step for e in acc.Scalars("losses/approx_kl")] == \
         [m["global_step"] for m in res.metrics]
+
+
+def test_a_proportional_horizon_that_could_zero_beta_in_one_update_is_refused():
+    base = rl.preset("klip/cartpole")  # 512 samples per iteration, minibatches of 64
+    kl = lambda **k: dataclasses.replace(base, objective="kl_penalty", kl=dataclasses.replace(
+        base.kl, controller="proportional", **k))
+    with pytest.raises(ConfigError, match=r"kl\.horizon=100\.0: must exceed 512 x 0\.2 = "
+                                          r"102\.4 samples: one update of 512 samples"):
+        rl.validate(kl(horizon=100.0))
+    rl.validate(kl(horizon=103.0))
+    rl.validate(kl(horizon=13.0, cadence="minibatch", measure="last_minibatch"))  # 64 x 0.2
+    with pytest.raises(ConfigError, match=r"kl\.horizon=12\.0: must exceed 64 x 0\.2"):
+        rl.validate(kl(horizon=12.0, cadence="minibatch", measure="last_minibatch"))
