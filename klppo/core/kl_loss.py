@@ -1,4 +1,4 @@
-"""The KL to the reference as a term of the loss, per sequence, in three forms.
+"""The KL to the reference as a term of the loss, per sequence, in four forms.
 
 A KL penalty in the loss (GRPO's placement) is differentiated through ``log pi``. Which KL its
 expected gradient descends depends on the estimator, its granularity and the importance
@@ -23,7 +23,7 @@ per-token ratio PPO's surrogate uses:
 
 * ``k1_to_go`` (the default): ``sum_t w_t sg(G_t - b_t)``, ``w_t = pi_t / pi_old_t``
   differentiated, ``G_t = sum_{s >= t} d_s`` the KL still to come in the response and ``b_t``
-  the mean ``G_t`` of the batch's other responses (leave-one-out: independent of the response,
+  the mean ``G_t`` of the other responses passed (leave-one-out: independent of the response,
   so it changes the variance, not the expectation), both detached. Its gradient is
   what ``k1`` in the rewards gives PPO (the KL credited through returns-to-go, the cell "k1 in
   the reward, per token": on-policy / per-token ratio), here as a term of the loss beside the
