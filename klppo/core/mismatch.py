@@ -39,7 +39,7 @@ import torch
 from klppo.core.kl import per_sequence_sum
 
 __all__ = ["MismatchCorrection", "MISMATCH_CORRECTIONS", "DEFAULT_BOUNDS", "mismatch_weights",
-           "mismatch_stats"]
+           "mismatch_stats", "bounds_problem"]
 
 MismatchCorrection = Literal["none", "tis", "mis", "icepop", "m2po"]
 MISMATCH_CORRECTIONS: tuple[str, ...] = get_args(MismatchCorrection)
@@ -48,6 +48,24 @@ DEFAULT_BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "none": (None, None), "tis": (None, 2.0), "mis": (None, 2.0), "icepop": (0.5, 5.0),
     "m2po": (None, 0.04)}
 _SAFE = 20.0
+
+
+def bounds_problem(correction: str, upper: float | None, lower: float | None
+                   ) -> tuple[str, float, str] | None:
+    """What is wrong with a correction's bounds, as ``(which: "upper" or "lower", value,
+    why)``, or None: a bound the correction does not read, or IcePop's lower bound not below
+    its upper one."""
+    if correction == "none":
+        for which, v in (("upper", upper), ("lower", lower)):
+            if v is not None:
+                return which, v, "only a mismatch correction reads it"
+        return None
+    if lower is not None and correction != "icepop":
+        return "lower", lower, "only the icepop correction reads it"
+    lo = DEFAULT_BOUNDS["icepop"][0] if lower is None else lower
+    if correction == "icepop" and upper is not None and lo is not None and not lo < upper:
+        return "upper", upper, f"must be above the lower bound {lo}"
+    return None
 
 
 def mismatch_weights(log_ratio: torch.Tensor, mask: torch.Tensor, correction: str,

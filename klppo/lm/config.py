@@ -13,7 +13,7 @@ from klppo.core.kl_gradient_claims import claimed, gradient_warning
 from klppo.core.kl_gradients import Combination
 from klppo.core.kl_loss import KLLossForm, kl_loss_combination
 from klppo.core.loss import ObjectiveName
-from klppo.core.mismatch import MismatchCorrection
+from klppo.core.mismatch import MismatchCorrection, bounds_problem
 from klppo.core.objective_base import BAND_KNOBS, KNOB_NAMES, Knobs
 from klppo.runs.configfile import field_hints, overlay
 from klppo.runs.device import resolve_device
@@ -302,17 +302,11 @@ def objective_knobs(c: RLHFConfig) -> Knobs:
 def _check_mismatch(c: RLHFConfig) -> None:
     """Bounds only where a correction reads them; a correction needs temperature 1 (else the
     ratio would hold the temperature as well as the precision)."""
+    bad = bounds_problem(c.mismatch_correction, c.mismatch_upper, c.mismatch_lower)
+    if bad is not None:
+        raise _bad(f"mismatch_{bad[0]}", bad[1], bad[2])
     if c.mismatch_correction == "none":
-        for name in ("mismatch_upper", "mismatch_lower"):
-            if getattr(c, name) is not None:
-                raise _bad(name, getattr(c, name), "only a mismatch_correction reads it")
         return
-    if c.mismatch_lower is not None and c.mismatch_correction != "icepop":
-        raise _bad("mismatch_lower", c.mismatch_lower, "only mismatch_correction=icepop reads it")
-    lo = 0.5 if c.mismatch_lower is None else c.mismatch_lower
-    if c.mismatch_correction == "icepop" and c.mismatch_upper is not None and \
-            not lo < c.mismatch_upper:
-        raise _bad("mismatch_upper", c.mismatch_upper, f"must be > mismatch_lower={lo}")
     if c.temperature != 1.0:
         raise _bad("mismatch_correction", c.mismatch_correction, f"needs temperature 1 (got "
                    f"{c.temperature}): the sampler's ratio would also hold the temperature")

@@ -16,6 +16,7 @@ from klppo.core.actuators import RuleName
 from klppo.core.advantages import NormScope
 from klppo.core.controllers import ControllerName, StepPreset
 from klppo.core.loss import KLEstimatorChoice, ObjectiveName
+from klppo.core.mismatch import MismatchCorrection
 from klppo.core.surrogates import Shape
 from klppo.core.values import ValueLossKind
 from klppo.runs.configfile import overlay
@@ -162,6 +163,21 @@ class PPOConfig:
     """bapo: step of c_high (raised first, up to its max)"""
     bapo_step_low: float = 0.02
     """bapo: step of c_low (raised once c_high is at its max)"""
+    staleness: int = field(default=0, metadata=within(0, 64))
+    """rollouts are collected by the policy this many updates back (an asynchronous actor's
+    stale rollouts; 0: the current policy); the ratio, KL and early stop are then taken
+    against the proximal policy (the current one before the update) and mismatch_correction
+    weights each sample by pi_prox / pi_behaviour"""
+    mismatch_correction: MismatchCorrection = "none"
+    """with staleness, each sample's weight on the objective from rho = pi_prox / pi_behaviour
+    (klppo.core.mismatch): none (1), tis (min(rho, mismatch_upper = 2): decoupled PPO), mis
+    (rho, 0 above mismatch_upper = 2), icepop (rho, 0 outside [mismatch_lower, mismatch_upper]
+    = [0.5, 5]), m2po (0 on the samples of largest (log rho)^2 until their mean is <=
+    mismatch_upper = 0.04; pair it with objective unclipped)"""
+    mismatch_upper: float | None = field(default=None, metadata=above(0))
+    """upper bound of mismatch_correction (None: its source's value)"""
+    mismatch_lower: float | None = field(default=None, metadata=above(0))
+    """icepop: lower bound (None: 0.5)"""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from klppo.core.controllers import (
     proportional_zeroing_steps,
 )
 from klppo.core.loss import OBJECTIVES
+from klppo.core.mismatch import bounds_problem
 from klppo.core.surrogates import SHAPES, SOFT_SHAPES
 from klppo.rl import bounds
 from klppo.rl.actuate import check_actuator
@@ -94,6 +95,7 @@ def _validate_numbers(cfg: TrainConfig) -> None:
     if p.early_stop != "none" and p.target_kl is None:
         raise _bad("ppo.early_stop", p.early_stop, "needs ppo.target_kl")
     _validate_entropy(p)
+    _validate_staleness(cfg)
     _validate_anneal_from(cfg)
     r = cfg.rollout
     if r.env_backend == "envpool" and (r.vectorization != "auto" or ":" in cfg.env
@@ -125,6 +127,26 @@ def _validate_entropy(p: Any) -> None:
                    f"ppo.ent_coef_max] = [{p.ent_coef_min}, {p.ent_coef_max}] with ppo.ent_target")
     if p.ent_controller not in CONTROLLERS:
         raise _bad("ppo.ent_controller", p.ent_controller, f"must be one of {sorted(CONTROLLERS)}")
+
+
+def _validate_staleness(cfg: TrainConfig) -> None:
+    """A correction only where a rollout is stale (else its policy is the proximal one and
+    every weight is 1), bounds only where the correction reads them, and a policy whose
+    parameters are apart from the critic's (a stale rollout swaps the policy's alone)."""
+    p = cfg.ppo
+    if not p.staleness:
+        for name, default in (("mismatch_correction", "none"), ("mismatch_upper", None),
+                              ("mismatch_lower", None)):
+            if getattr(p, name) != default:
+                raise _bad(f"ppo.{name}", getattr(p, name), "only ppo.staleness > 0 reads it "
+                           "(a fresh rollout's policy is the proximal one)")
+        return
+    bad = bounds_problem(p.mismatch_correction, p.mismatch_upper, p.mismatch_lower)
+    if bad is not None:
+        raise _bad(f"ppo.mismatch_{bad[0]}", bad[1], bad[2])
+    if cfg.net.shared_trunk:
+        raise _bad("ppo.staleness", p.staleness, "needs net.shared_trunk false (a stale "
+                   "rollout acts with an old policy and the current critic)")
 
 
 def _validate_anneal_from(cfg: TrainConfig) -> None:

@@ -177,6 +177,11 @@ class _Trainer(RunTrainer):
             raise res
         return res
 
+    @property
+    def policy_units(self) -> list[PolicyUnit]:
+        """The run's policies (one)."""
+        return [self.unit]
+
     def rollouts(self, episodes: Any) -> list[tuple[str, PolicyUnit, Any]]:
         """The policy and the buffer it learns from after a rollout."""
         return [("", self.unit, self.collector.buf)]

@@ -8,7 +8,9 @@ with its own objective, controller and target: each policy is one more row.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,7 @@ from klppo.core.advantages import gae
 from klppo.core.controllers import is_fixed_fallback, make_controller
 from klppo.core.kl import NOT_KL
 from klppo.core.loss import PPOLoss
+from klppo.core.mismatch import mismatch_stats, mismatch_weights
 from klppo.core.monitor import KLMonitor
 from klppo.core.values import explained_variance
 from klppo.nn.actor_critic import ActorCritic, make_head
@@ -65,6 +68,11 @@ class PolicyUnit:
                           if r.norm_reward else None)
         self.learner = Learner(cfg, backend, loss, self.controller,
                                torch.Generator().manual_seed(shuffle_seed))
+        #: the policy after each of the last ppo.staleness + 1 updates (the first: the initial
+        #: one, taken at the first rollout); the oldest acts (:meth:`act_stale`)
+        self.past: deque[np.ndarray] = deque(maxlen=cfg.ppo.staleness + 1)
+        #: the last stale rollout's mismatch metrics (:meth:`proximal`)
+        self.mismatch: dict[str, float] = {}
 
     def _say_what_the_choices_mean(self, loss: Any) -> None:
         """Log the choices that do something users may not expect (once per run start)."""
@@ -95,6 +103,8 @@ class PolicyUnit:
             self.learner.band.state_dict(),
             "entropy_control": None if self.learner.entropy is None else
             self.learner.entropy.state_dict(),
+            **({"past_policies": [x.copy() for x in self.past]} if self.cfg.ppo.staleness
+               else {}),
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
@@ -117,6 +127,21 @@ class PolicyUnit:
                 raise RuntimeError("the checkpoint holds no entropy controller state (written "
                                    "without ppo.ent_target); resume with the run's own config")
             self.learner.load_entropy_state(s["entropy_control"])
+        if self.cfg.ppo.staleness:
+            self.past.clear()
+            self.past.extend(self._checked_past(s.get("past_policies")))
+
+    def _checked_past(self, past: Any) -> list[np.ndarray]:
+        """A checkpoint's past policies: 1 to ppo.staleness + 1 finite float32 vectors of the
+        policy's size (a forged or foreign checkpoint is refused)."""
+        k, size = self.cfg.ppo.staleness, self.learner.backend.policy_weights().shape
+        if not isinstance(past, list) or not 1 <= len(past) <= k + 1 or not all(
+                isinstance(x, np.ndarray) and x.dtype == np.float32 and x.shape == size
+                and np.isfinite(x).all() for x in past):
+            raise RuntimeError(f"the checkpoint's past_policies are not 1 to {k + 1} finite "
+                               f"float32 vectors of {size[0]} (written without ppo.staleness "
+                               f"{k}?); resume with the run's own config")
+        return past
 
     def start_iteration(self, it: int) -> float:
         """Set iteration ``it``'s learning rate and return it: the schedule's
@@ -127,6 +152,48 @@ class PolicyUnit:
         lr = learning_rate(self.cfg, it)
         self.learner.set_lr(lr)
         return lr
+
+    # ---------------------------------------------------------------- stale rollouts
+    def act_stale(self) -> np.ndarray | None:
+        """Before a rollout with ``ppo.staleness`` k: put the policy k updates back (or the
+        oldest kept, early in a run) into the row, and return the current policy's weights to
+        put back after the rollout (None: the current policy acts). The critic stays the
+        current one, so the rollout's values are the learner's."""
+        if not self.cfg.ppo.staleness:
+            return None
+        slot = self.learner.backend
+        now = slot.policy_weights()
+        if not self.past:  # the first rollout: the initial policy
+            self.past.append(now)
+        if len(self.past) == 1:  # no update yet: the current policy is the oldest
+            return None
+        slot.load_policy_weights(self.past[0])
+        return now
+
+    def remember(self) -> None:
+        """After an update: keep the updated policy for the rollouts ``staleness`` ahead."""
+        if self.cfg.ppo.staleness:
+            self.past.append(self.learner.backend.policy_weights())
+
+    def proximal(self, batch: Batch) -> Batch:
+        """A stale rollout's batch for the update: its ``logp`` and ``params`` become the
+        proximal policy's (the current one, before the update: the ratio, the KL and the
+        early stop are taken against it, decoupled PPO's proximal policy), and each sample is
+        weighted by ``ppo.mismatch_correction`` of ``log pi_prox - log pi_behaviour``
+        (:func:`klppo.core.mismatch.mismatch_weights`, a sample being a sequence of one); the
+        mismatch's size goes to :attr:`mismatch`. The batch itself without staleness."""
+        p = self.cfg.ppo
+        if not p.staleness:
+            return batch
+        params, logp = self.learner.backend.log_prob(batch.obs.numpy(), batch.actions.numpy())
+        prox = torch.from_numpy(logp)
+        log_ratio = (prox - batch.logp)[:, None]
+        mask = torch.ones_like(log_ratio, dtype=torch.bool)
+        w = mismatch_weights(log_ratio, mask, p.mismatch_correction, p.mismatch_upper,
+                             p.mismatch_lower)
+        self.mismatch = mismatch_stats(log_ratio, mask, w)
+        return dataclasses.replace(batch, logp=prox, params=torch.from_numpy(params),
+                                   weight=None if p.mismatch_correction == "none" else w[:, 0])
 
     # ---------------------------------------------------------------- phases
     def advantages(self, b: RolloutBuffer) -> Batch:
@@ -148,6 +215,7 @@ class PolicyUnit:
             "explained_variance": float(explained_variance(batch.values, batch.returns)),
             "value_target_rms": float(batch.returns.square().mean().sqrt()),
             "controller_updates": len(ctrl_updates),
+            **self.mismatch,
         }
         if self.learner.loss.policy.clipped and self.learner.band is None:
             m["clip_eps"] = self.learner.loss.band.eps  # (BAPO logs its bounds instead)

@@ -64,6 +64,9 @@ class Batch:
     values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    #: each sample's weight on the objective (a stale rollout's correction,
+    #: :meth:`klppo.rl.unit.PolicyUnit.proximal`; None: 1)
+    weight: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.obs.shape[0]
@@ -72,7 +75,9 @@ class Batch:
         """The batch on ``device`` (itself when it is there already)."""
         if self.obs.device == torch.device(device):
             return self
-        return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+        moved: dict[str, Any] = {f: None if (x := getattr(self, f)) is None else x.to(device)
+                                 for f in self.__dataclass_fields__}
+        return dataclasses.replace(self, **moved)
 
 
 @dataclass

@@ -27,6 +27,7 @@ NAMESPACES: dict[str, str] = {
     "early_stop": "policy", "epochs": "policy", "minibatch_steps": "policy",
     "kl": "kl", "beta": "kl", "controller_": "kl", "clip_eps": "kl", "actuator_": "kl",
     "update_fraction": "policy", "bapo_": "policy", "ent_coef": "policy",
+    "mismatch_": "policy",
     "sps": "perf", "time_": "perf",
 }
 

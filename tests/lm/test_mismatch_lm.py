@@ -58,9 +58,9 @@ def test_a_resume_with_a_bfloat16_sampler_is_exact(tiny_model_dir, tmp_path):
 
 
 def test_mismatch_settings_are_refused_where_nothing_reads_them():
-    with pytest.raises(ConfigError, match=r"mismatch_upper=3.0: only a mismatch_correction"):
+    with pytest.raises(ConfigError, match=r"mismatch_upper=3.0: only a mismatch correction"):
         validate_rlhf(RLHFConfig(mismatch_upper=3.0))
-    with pytest.raises(ConfigError, match=r"mismatch_lower=0.2: only mismatch_correction=icepop"):
+    with pytest.raises(ConfigError, match=r"mismatch_lower=0.2: only the icepop correction"):
         validate_rlhf(RLHFConfig(mismatch_correction="tis", mismatch_lower=0.2))
     with pytest.raises(ConfigError, match=r"mismatch_correction='tis': needs temperature 1"):
         validate_rlhf(RLHFConfig(mismatch_correction="tis", temperature=0.7))

@@ -32,6 +32,9 @@ CASES = {
     "cartpole_entropy_control": ("klip/cartpole", [
         "--total-steps", "3072", "--ppo.ent-coef", "0.01", "--ppo.ent-target", "0.66",
         "--ppo.ent-controller", "pid"]),
+    # stale rollouts: the past policies the rollouts act with are checkpointed
+    "cartpole_stale": ("klip/cartpole", ["--total-steps", "3072", "--ppo.staleness", "2",
+                                         "--ppo.mismatch-correction", "tis"]),
     "lunarlander": ("klip/lunarlander", ["--total-steps", "8192", "--rollout.num-steps", "128"]),
     "hopper": ("klip/hopper", ["--total-steps", "2560", "--rollout.num-steps", "512"]),
     "ant_v5": ("klip/ant-v5", ["--total-steps", "1280", "--rollout.num-steps", "256"]),
@@ -39,6 +42,9 @@ CASES = {
         "--env", "Pendulum-v1", "--total-steps", "2048", "--rollout.num-envs", "2",
         "--rollout.num-steps", "256", "--rollout.norm-obs", "--rollout.norm-reward"]),
     "marl": ("marl/simple_adversary", ["--total-steps", "4000", "--rollout.num-steps", "50"]),
+    "marl_stale": ("marl/simple_adversary", ["--total-steps", "4000", "--rollout.num-steps", "50",
+                                             "--ppo.staleness", "1", "--ppo.mismatch-correction",
+                                             "icepop"]),
     "marl_continuous": ("marl/simple_adversary_continuous", [
         "--total-steps", "2400", "--rollout.num-steps", "50", "--rollout.norm-obs",
         "--rollout.norm-reward"]),
@@ -70,7 +76,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, case):
     restored by replay, so the resumed metrics equal the uninterrupted run's, and two resumes
     of one checkpoint agree."""
     pytest.importorskip({"lunarlander": "Box2D", "hopper": "mujoco", "ant_v5": "mujoco",
-                         "marl": "mpe2",
+                         "marl": "mpe2", "marl_stale": "mpe2",
                          "marl_continuous": "mpe2"}.get(case, "gymnasium"))
     assert main(cli_args(case, tmp_path / "full")) == 0
     full = metrics(tmp_path / "full")

@@ -27,14 +27,16 @@ def mean(x: np.ndarray) -> float:
 
 
 def loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, entropy, kl,
-               beta: float):
+               beta: float, weight=None):
     """Loss terms and d loss / d (logp_new, value, entropy, analytic KL) per sample.
 
-    Inputs are float32 ``[n]``. Returns ``(terms, g_logp, g_value, g_entropy, g_kl, samples)``:
-    the loss terms as floats (``loss``, ``loss_objective``, ``loss_critic``, ``loss_entropy``
-    and ``kl_penalty`` for a penalty), gradients of the *loss* (minimised), averaged over the
-    ``n`` samples like ``PPOLoss`` (``g_entropy`` / ``g_kl`` are None when the loss does not
-    depend on them), and the per-sample quantities the gradient used, for the diagnostics
+    Inputs are float32 ``[n]``; ``weight`` (None: 1) multiplies each sample's objective, as
+    ``PPOLoss``'s ``sample_weight`` (the critic and entropy terms are not weighted).
+    Returns ``(terms, g_logp, g_value, g_entropy, g_kl, samples)``: the loss terms as floats
+    (``loss``, ``loss_objective``, ``loss_critic``, ``loss_entropy`` and ``kl_penalty`` for a
+    penalty), gradients of the *loss* (minimised), averaged over the ``n`` samples like
+    ``PPOLoss`` (``g_entropy`` / ``g_kl`` are None when the loss does not depend on them), and
+    the per-sample quantities the gradient used, for the diagnostics
     (:data:`klppo.core.loss.PER_SAMPLE`: ``ratio``, ``advantage``, ``beta_t`` where the
     objective has one, ``value_loss``, ``value_clipped``).
     """
@@ -47,15 +49,19 @@ def loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, e
     terms: dict[str, float] = {}
     if form.penalty is not None:
         terms["kl_penalty"] = mean(form.penalty)
-    g_logp = (-inv_n * form.d_logp).astype(np.float32)
-    g_kl = None if form.d_kl is None else -inv_n * form.d_kl
+    value_obj, d_logp, d_kl = form.value, form.d_logp, form.d_kl
+    if weight is not None:
+        value_obj, d_logp = weight * value_obj, weight * d_logp
+        d_kl = None if d_kl is None else weight * d_kl
+    g_logp = (-inv_n * d_logp).astype(np.float32)
+    g_kl = None if d_kl is None else -inv_n * d_kl
     v_loss, g_v, v_clipped = value_loss_closed_form(value, returns, old_values, loss.value_clip,
                                          loss.value_loss_kind)
     g_val = (np.float32(loss.vf_coef) * inv_n * g_v).astype(np.float32)
     # no entropy bonus: no entropy gradient (adding its zeros would change nothing)
     g_ent = (np.full(n, -np.float32(loss.ent_coef) * inv_n, np.float32) if loss.ent_coef
              else None)
-    loss_obj = -mean(form.value)
+    loss_obj = -mean(value_obj)
     loss_critic = loss.vf_coef * mean(v_loss)
     loss_ent = -loss.ent_coef * mean(entropy)
     terms.update(loss_objective=loss_obj, loss_critic=loss_critic, loss_entropy=loss_ent,

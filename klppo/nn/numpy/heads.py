@@ -62,6 +62,10 @@ class Categorical:
         p_old = np.exp(logp_old_all)
         return row_sum(p_old * (logp_old_all - logp_all))[:, 0], p_old
 
+    def log_prob(self, out: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """``log pi(actions) [n]`` at logits ``out``: the ``logp`` of :meth:`step`."""
+        return log_softmax(out)[0][self.rows(out.shape[0]), actions]
+
     def step(self, out: np.ndarray, actions: np.ndarray, old_params: np.ndarray):
         """``(logp [n], entropy [n], KL(old || new) [n], backward)`` at logits ``out``."""
         logp_all, ez, s = log_softmax(out)
@@ -122,6 +126,10 @@ class Gaussian:
         diff = mean_old - mean
         kl = 0.5 * (var_ratio + diff * diff * inv_var - 1 - 2 * (log_std_old - log_std)).sum(1)
         return kl, var_ratio, diff
+
+    def log_prob(self, out: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """``log pi(actions) [n]`` at mean ``out``: the ``logp`` of :meth:`step`."""
+        return self.logp((actions - out) * np.exp(-self.log_std), self.log_std)
 
     def step(self, out: np.ndarray, actions: np.ndarray, old_params: np.ndarray):
         """``(logp [n], entropy [n], KL(old || new) [n], backward)`` at mean ``out``."""

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from klppo.nn.numpy import mlp
@@ -39,6 +41,24 @@ class _StackWork:
     def __init__(self) -> None:
         self.rollouts, self.ws = Rollouts(), mlp.Workspace()
         self.collect: dict[str, Any] = {}  # the lock-step collection's stacked state
+
+
+@contextmanager
+def _stale_policies(trainers: Any) -> Iterator[None]:
+    """Every policy with ``ppo.staleness`` acts with its policy k updates back inside the
+    block (:meth:`klppo.rl.unit.PolicyUnit.act_stale`); its current weights are back after
+    it, however the block ends."""
+    back: list[tuple[Any, Any]] = []
+    try:
+        for tr in trainers:
+            for unit in tr.policy_units:
+                now = unit.act_stale()
+                if now is not None:
+                    back.append((unit, now))
+        yield
+    finally:
+        for unit, now in back:
+            unit.learner.backend.load_policy_weights(now)
 
 
 class Group:
@@ -75,7 +95,8 @@ class Group:
         its = {i: tr.iteration + 1 for i, tr in trs.items()}
         lrs = {i: tr.start_iteration(its[i]) for i, tr in trs.items()}       # 1. learning rates
         t0 = time.perf_counter()
-        out: dict[int, Any] = self.collect(trs, its)                          # 2. collect
+        with _stale_policies(trs.values()):  # ppo.staleness: the policies k updates back act
+            out: dict[int, Any] = self.collect(trs, its)                      # 2. collect
         episodes = {i: e for i, e in out.items() if not isinstance(e, BaseException)}
         for i in episodes:
             trs[i].global_step += trs[i].cfg.batch_size
@@ -135,7 +156,7 @@ class Group:
         for i, tr in trs.items():
             try:
                 for name, unit, buf in tr.rollouts(episodes[i]):
-                    u = RunUpdate(unit.learner, unit.advantages(buf))
+                    u = RunUpdate(unit.learner, unit.proximal(unit.advantages(buf)))
                     by_stack[id(u.stack)].append((i, name, unit, u))
             except Exception as e:  # noqa: BLE001 - this run's rollout: it alone stops
                 errors[i] = e
@@ -154,6 +175,7 @@ class Group:
                 try:
                     if isinstance(res, BaseException):
                         raise res
+                    unit.remember()
                     u.sched.after_iteration(kl, len(u.batch))
                     reports[i][name] = unit.report(u.batch, res, kl, u.sched.updates, its[i])
                 except Exception as e:  # noqa: BLE001 - this run's update or controller

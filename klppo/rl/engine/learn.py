@@ -97,13 +97,23 @@ class Rollouts:
         self.arrays: dict[str, np.ndarray] = {}
 
     def fill(self, R: int, updates: list[RunUpdate]) -> None:
-        for name in (*self.FIELDS, "adv"):
+        weighted = any(u.batch.weight is not None for u in updates)
+        self.arrays.pop("weight", None)
+        for name in (*self.FIELDS, "adv", *(("weight",) if weighted else ())):
             for u in updates:
-                x = (u.adv if name == "adv" else getattr(u.batch, name)).numpy()
+                x = self._field(u, name)
                 a = self.arrays.get(name)
                 if a is None or a.shape[1:] != x.shape or a.dtype != x.dtype:
                     a = self.arrays[name] = np.zeros((R, *x.shape), x.dtype)
                 a[u.row] = x
+
+    @staticmethod
+    def _field(u: RunUpdate, name: str) -> np.ndarray:
+        if name == "adv":
+            return u.adv.numpy()
+        if name == "weight" and u.batch.weight is None:  # a row without weights: 1 (exact)
+            return np.ones(len(u.batch), np.float32)
+        return getattr(u.batch, name).numpy()
 
     def minibatch(self, rows: np.ndarray, idx: np.ndarray) -> Minibatch:
         """Rows ``idx [A, n]`` of the stack rows ``rows`` (copies, gathered with one flat
@@ -118,7 +128,7 @@ class Rollouts:
                                                                           *a.shape[2:])
                  for name, a in self.arrays.items()}
         return Minibatch(idx, g["obs"], g["actions"], g["params"], g["logp"], g["adv"],
-                         g["returns"], g["values"])
+                         g["returns"], g["values"], g.get("weight"))
 
 
 def update_rows(stack: Any, updates: list[RunUpdate], rollouts: Rollouts,

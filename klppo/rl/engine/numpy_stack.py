@@ -163,7 +163,8 @@ class NumpyStack:
             logp, entropy, kl, backward = heads[a].step(out[a], mb.actions[a], mb.params[a])
             terms, g_logp, gv, g_ent, g_kl, samples = loss_grads(
                 losses[a], logp.astype(np.float32, copy=False), mb.logp[a], mb.adv[a], values[a],
-                mb.returns[a], mb.values[a], entropy, kl.astype(np.float32, copy=False), betas[a])
+                mb.returns[a], mb.values[a], entropy, kl.astype(np.float32, copy=False), betas[a],
+                None if mb.weight is None else mb.weight[a])
             g_out[a] = backward(g_logp, g_ent, g_kl)
             g_val[a, :, 0] = gv
             per_row.append((logp, entropy, kl, terms, samples))
@@ -186,6 +187,19 @@ class NumpyStack:
         else:
             out = mlp.forward(actor, obs, ws, "actor")[-1]
         return [heads[a].kl_mean(out[a], old_params[a]) for a in range(len(rows))]
+
+    def log_prob(self, row: int, obs: np.ndarray, actions: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``row``'s distribution parameters ``[B, param_dim]`` (as its rollouts store
+        them) and log-probabilities ``[B]`` of ``actions`` at ``obs [B, obs_dim]``: the numbers
+        its minibatch step computes for them."""
+        actor = self._alone(row)[2]
+        out = mlp.forward(actor, obs)[-1]
+        head = self.head(row)
+        logp = head.log_prob(out, actions)
+        if isinstance(head, Gaussian):
+            out = np.concatenate([out, np.broadcast_to(head.log_std, out.shape)], 1)
+        return out, logp.astype(np.float32, copy=False)
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The actors' outputs ``[R, N, k or d]`` and values ``[R, N]`` of every row for

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from klppo.core.kl import k3
@@ -83,6 +84,15 @@ class Layout:
         """The actor's and the critic's stacked layers, views of ``buf [A, P]``."""
         return self.stacked(buf, "actor"), self.stacked(buf, "critic")
 
+    def policy_spans(self) -> list[Span]:
+        """Where the policy's own parameters lie in a row: the actor's layers and the log-std
+        (the critic's are the rest). A shared trunk belongs to both: refused."""
+        if self.trunk:
+            raise ValueError("a shared trunk is the actor's and the critic's: the policy's "
+                             "parameters cannot be taken apart from the critic's")
+        spans = [span for layer in self.actor for span, _ in layer]
+        return spans + ([self.log_std] if self.log_std is not None else [])
+
 
 class RowSlot:
     """One policy's side of its stack (see the module docstring). The stack steps all its rows
@@ -112,6 +122,31 @@ class RowSlot:
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.stack.adam.load_row(self.row, check_adam_state(flat_adam_state(s),
                                                             int(self.stack.W.shape[1])))
+
+    # ---------------------------------------------------------- the policy's own weights
+    def policy_weights(self) -> np.ndarray:
+        """A float32 copy of the row's policy parameters (:meth:`Layout.policy_spans`, in
+        order), without the critic's: a snapshot a stale rollout acts with."""
+        row = self.stack.W[self.row]
+        parts = [row[s:e] for s, e in self.stack.layout.policy_spans()]
+        if isinstance(row, torch.Tensor):
+            return torch.cat(parts).cpu().numpy().copy()
+        return np.concatenate(parts)
+
+    def load_policy_weights(self, x: np.ndarray) -> None:
+        """Write a :meth:`policy_weights` snapshot into the row (its critic is left as it is)."""
+        row, at = self.stack.W[self.row], 0
+        for s, e in self.stack.layout.policy_spans():
+            part = x[at:at + e - s]
+            row[s:e] = torch.from_numpy(part).to(row.device) if isinstance(
+                row, torch.Tensor) else part
+            at += e - s
+
+    def log_prob(self, obs: np.ndarray, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The row's current policy at a rollout (numpy): its distribution parameters ``[B,
+        param_dim]`` and the log-probabilities ``[B]`` of ``actions``, as its step computes
+        them."""
+        return self.stack.log_prob(self.row, obs, actions)
 
     def _params(self, idx: torch.Tensor) -> tuple[torch.Tensor, Any, torch.Tensor]:
         b, idx = self.batch, idx.to(self.device)
@@ -145,7 +180,8 @@ class RowSlot:
 class Minibatch:
     """The rows ``idx [A, n]`` of each stepping policy's rollout, gathered: ``obs [A, n,
     obs_dim]``, ``actions [A, n, ...]``, ``params [A, n, param_dim]`` (the rollout policy's),
-    and ``logp``, ``adv`` (the advantages the step uses), ``returns``, ``values`` ``[A, n]``."""
+    and ``logp``, ``adv`` (the advantages the step uses), ``returns``, ``values`` ``[A, n]``;
+    ``weight [A, n]``, each sample's weight on the objective (None: 1 in every row)."""
 
     idx: Any
     obs: Any
@@ -155,3 +191,4 @@ class Minibatch:
     adv: Any
     returns: Any
     values: Any
+    weight: Any = None

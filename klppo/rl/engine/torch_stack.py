@@ -138,6 +138,7 @@ class TorchStack:
         r_idx = torch.tensor(rows, device=dev)  # a copy: rows may be a read-only view
         f = {k: _dev(getattr(mb, k), dev) for k in ("obs", "actions", "params", "logp", "adv",
                                                     "returns", "values")}
+        weight = None if mb.weight is None else _dev(mb.weight, dev)
         lone = len(rows) == 1  # padded with a copy that has no loss (see the module docstring)
         W = self.W[r_idx.repeat(2) if lone else r_idx].requires_grad_(True)  # the leaf: a copy
         params, values = self.nets(W, f["obs"].repeat(2, 1, 1) if lone else f["obs"])
@@ -152,7 +153,8 @@ class TorchStack:
                 kl = head.kl(f["params"][a], params[a])
             out = loss(logp, f["logp"][a], f["adv"][a], values[a], f["returns"][a],
                        f["values"][a], entropy, kl if needs_kl else None, betas[a],
-                       diagnostics=False, per_sample=True)
+                       diagnostics=False, per_sample=True,
+                       sample_weight=None if weight is None else weight[a])
             total = total + out["loss"]
             outs.append((logp, values[a], entropy, kl, out))
         (G,) = torch.autograd.grad(total, W)
@@ -179,6 +181,18 @@ class TorchStack:
         params, _ = self.nets(W, _dev(obs, dev), critic=False)
         old = _dev(old_params, dev)
         return [float(self.slots[r].head.kl(old[a], params[a]).mean()) for a, r in enumerate(rows)]
+
+    @torch.no_grad()
+    def log_prob(self, row: int, obs: np.ndarray, actions: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``row``'s distribution parameters ``[B, param_dim]`` and log-probabilities
+        ``[B]`` of ``actions`` at ``obs [B, obs_dim]`` (numpy, on the CPU)."""
+        dev = self.device
+        params, _ = self.nets(self.W[row:row + 1], _dev(obs, dev)[None], critic=False)
+        slot = self.slots[row]
+        assert slot is not None  # (a row joined before its rollouts)
+        logp = slot.head.log_prob(params[0], _dev(actions, dev))
+        return _cpu(params[0]).numpy(), _cpu(logp).numpy()
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:

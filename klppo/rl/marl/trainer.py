@@ -77,6 +77,11 @@ class MultiTrainer(RunTrainer):
     def policies(self) -> list[str]:
         return list(self.units)
 
+    @property
+    def policy_units(self) -> list[PolicyUnit]:
+        """The run's policies, in :attr:`policies` order."""
+        return list(self.units.values())
+
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         return {
