@@ -80,6 +80,9 @@ class SequenceObjective(Objective):
 
     level = "sequence"
     paper_band: ClassVar[Band | None] = None
+    #: whether it means something with sequences of one sample (``klppo train`` runs it with
+    #: each step its own sequence); the others then reduce to a token-level objective
+    one_step: ClassVar[bool] = False
 
     def __init__(self, band: Band = DEFAULT_BAND, shape: ShapeSpec = DEFAULT_SHAPE,
                  kl_estimator: str = "analytic", knobs: Knobs = NO_KNOBS) -> None:
@@ -204,6 +207,7 @@ class TOPR(SequenceObjective):
     name = "topr"
     band_knobs = ()
     ratio_to_sampler = True
+    one_step = True  # klppo train: each step a sequence, a_t = min(pi / mu, 1) where A_t < 0
 
     def sequence_term(self, ratio, logp_new, logp_old, advantage, seg):
         log_rho = (seg.onehot.to(ratio.dtype) @ (logp_new - logp_old).detach())[seg.ids]

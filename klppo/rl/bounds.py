@@ -146,7 +146,7 @@ def _check_applies(cfg: Any) -> None:
     objective, p = OBJECTIVES.get(cfg.objective), cfg.ppo
     if objective is None:
         return  # an unknown objective is refused by the config's own checks
-    if objective.level == "sequence":
+    if objective.level == "sequence" and not getattr(objective, "one_step", False):
         raise _bad("objective", cfg.objective, "is sequence-level (it needs the tokens of "
                    "whole sequences): only the language-model loop runs it (klppo rlhf)")
     if not objective.shaped:

@@ -295,7 +295,8 @@ class TrainConfig:
     e.g. --env-kwargs '{continuous: true, gravity: -9.0}' (multi-agent: marl.env_kwargs)"""
     objective: ObjectiveName = "clip"
     """clip, per_sample_kl, kl_penalty, unclipped, clip_kl; cispo, sapo, spo, sq_log_ratio, r2vpo,
-    dppo_tv, dppo_kl, clip_cov, kl_cov (docs/algorithms.md; gspo, gmpo, trm, topr: LM loop only)"""
+    dppo_tv, dppo_kl, clip_cov, kl_cov, topr (each step its own sequence; docs/algorithms.md;
+    gspo, gmpo, trm: LM loop only)"""
     seed: int = field(default=0, metadata=below(2**32, text="must be an integer in [0, 2**32)"))
     """seed of the networks, the environments, action sampling and minibatch order"""
     total_steps: int = field(default=100_000, metadata=at_least(1))

@@ -144,6 +144,9 @@ def _validate_staleness(cfg: TrainConfig) -> None:
     bad = bounds_problem(p.mismatch_correction, p.mismatch_upper, p.mismatch_lower)
     if bad is not None:
         raise _bad(f"ppo.mismatch_{bad[0]}", bad[1], bad[2])
+    if OBJECTIVES[cfg.objective].ratio_to_sampler and p.mismatch_correction != "none":
+        raise _bad("ppo.mismatch_correction", p.mismatch_correction, f"objective="
+                   f"{cfg.objective!r} takes its ratio to the sampling policy already")
     if cfg.net.shared_trunk:
         raise _bad("ppo.staleness", p.staleness, "needs net.shared_trunk false (a stale "
                    "rollout acts with an old policy and the current critic)")

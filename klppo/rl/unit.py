@@ -181,7 +181,9 @@ class PolicyUnit:
         early stop are taken against it, decoupled PPO's proximal policy), and each sample is
         weighted by ``ppo.mismatch_correction`` of ``log pi_prox - log pi_behaviour``
         (:func:`klppo.core.mismatch.mismatch_weights`, a sample being a sequence of one); the
-        mismatch's size goes to :attr:`mismatch`. The batch itself without staleness."""
+        mismatch's size goes to :attr:`mismatch`. An objective whose ratio is to the sampling
+        policy (TOPR's ``mu``) keeps the behaviour's log-probabilities. The batch itself without
+        staleness."""
         p = self.cfg.ppo
         if not p.staleness:
             return batch
@@ -192,6 +194,8 @@ class PolicyUnit:
         w = mismatch_weights(log_ratio, mask, p.mismatch_correction, p.mismatch_upper,
                              p.mismatch_lower)
         self.mismatch = mismatch_stats(log_ratio, mask, w)
+        if self.learner.loss.policy.ratio_to_sampler:  # TOPR: its ratio is to the behaviour
+            prox = batch.logp
         return dataclasses.replace(batch, logp=prox, params=torch.from_numpy(params),
                                    weight=None if p.mismatch_correction == "none" else w[:, 0])
 

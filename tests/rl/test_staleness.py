@@ -184,3 +184,44 @@ def test_the_weights_are_finite_for_any_stale_log_ratio():
     lr = torch.tensor([[80.0], [-80.0], [0.0]])
     w = mismatch_weights(lr, torch.ones_like(lr, dtype=torch.bool), "tis")
     assert all(math.isfinite(float(x)) for x in w)
+
+
+def test_topr_trains_each_step_its_own_sequence_with_its_ratio_to_the_behaviour(tmp_path):
+    """TOPR (tapered off-policy REINFORCE) in klppo train: each step is a sequence of one, so
+    its gradient per sample is ``a_t A_t`` with ``a_t = 1`` where ``A_t >= 0`` and
+    ``min(pi / mu, 1)`` where ``A_t < 0`` (mean over the minibatch); with a stale rollout its
+    ratio stays the behaviour policy's (``mu``), not the proximal one's."""
+    from klppo.core.loss import PPOLoss
+
+    g = torch.Generator().manual_seed(0)
+    n = 16
+    logp_old = -torch.rand(n, generator=g) - 0.1
+    logp = (logp_old + 0.5 * torch.randn(n, generator=g)).requires_grad_(True)
+    adv = torch.randn(n, generator=g)
+    out = PPOLoss("topr")(logp, logp_old, adv, sequence_ids=torch.arange(n))
+    (grad,) = torch.autograd.grad(out["loss_objective"], logp)
+    a = torch.where(adv >= 0, torch.ones(n), torch.exp(logp - logp_old).detach().clamp(max=1))
+    torch.testing.assert_close(grad, -a * adv / n)
+
+    cfg = stale(tmp_path / "run", steps=4096, correction="none", k=1, objective="topr")
+    tr = _Trainer.alone(cfg, tmp_path / "run")
+    assert not tr.unit.fast  # (no closed form: the torch stack)
+    tr.start()
+    for _ in range(2):
+        res = tr.group.iterate([0])[0]
+        assert not isinstance(res, BaseException), res
+    with _stale_policies([tr]):
+        tr.group.collect({0: tr}, {0: 3})
+    buf = tr.collector.buf
+    batch = tr.unit.proximal(tr.unit.advantages(buf))
+    assert torch.equal(batch.logp, buf.logp.reshape(-1)) and batch.weight is None
+    assert tr.unit.mismatch["mismatch_kl_k3"] > 0
+    tr.close()
+
+
+def test_topr_refuses_a_correction_and_the_other_sequence_objectives_stay_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"ppo.mismatch_correction='tis': objective='topr' "
+                                          r"takes its ratio to the sampling policy"):
+        rl.train(stale(tmp_path / "a", objective="topr"))
+    with pytest.raises(ConfigError, match=r"objective='gmpo': is sequence-level"):
+        rl.train(config(tmp_path / "b", objective="gmpo"))

@@ -65,6 +65,14 @@ def _dev(x: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(x if x.flags.writeable else x.copy()).to(device)
 
 
+def _one_step_sequences(loss: PPOLoss, logp: torch.Tensor) -> torch.Tensor | None:
+    """Each sample its own sequence, for a sequence-level objective that means something on
+    one step (TOPR: ``one_step``); None for the token-level ones."""
+    if loss.policy.level != "sequence":
+        return None
+    return torch.arange(logp.shape[0], device=logp.device)
+
+
 def _cpu(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu()
 
@@ -154,6 +162,7 @@ class TorchStack:
             out = loss(logp, f["logp"][a], f["adv"][a], values[a], f["returns"][a],
                        f["values"][a], entropy, kl if needs_kl else None, betas[a],
                        diagnostics=False, per_sample=True,
+                       sequence_ids=_one_step_sequences(loss, logp),
                        sample_weight=None if weight is None else weight[a])
             total = total + out["loss"]
             outs.append((logp, values[a], entropy, kl, out))
