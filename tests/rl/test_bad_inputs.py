@@ -59,6 +59,17 @@ FLAGS = {
                                "ppo.dual_clip=3.0: objective='kl_penalty' has no clip band"),
     # the trust-region catalogue (issue 21): sequence-level objectives, settings it ignores
     "sequence_level_objective": (["--objective", "gspo"], "objective='gspo': is sequence-level"),
+    # stale rollouts (issue 30): settings nothing reads, a staleness the network cannot take
+    "correction_without_staleness": (["--ppo.mismatch-correction", "tis"],
+                                     "ppo.mismatch_correction='tis': only ppo.staleness > 0"),
+    "icepop_bounds_inverted": (["--ppo.staleness", "2", "--ppo.mismatch-correction", "icepop",
+                                "--ppo.mismatch-upper", "0.3"],
+                               "ppo.mismatch_upper=0.3: must be above the lower bound 0.5"),
+    "correction_with_topr": (["--objective", "topr", "--ppo.staleness", "1",
+                              "--ppo.mismatch-correction", "mis"],
+                             "objective='topr' takes its ratio to the sampling policy"),
+    "staleness_with_shared_trunk": (["--ppo.staleness", "1", "--net.shared-trunk"],
+                                    "ppo.staleness=1: needs net.shared_trunk false"),
     "knob_the_objective_ignores": (["--objective", "clip", "--ppo.tau-pos", "2"],
                                    "ppo.tau_pos=2.0: objective='clip' would ignore it"),
     "band_edge_the_objective_ignores": (["--objective", "cispo", "--ppo.dual-clip", "3"],
