@@ -9,8 +9,11 @@ asked for, in the visible phases of a PPO iteration:
 
 1. learning rates (the schedule's, or the lr actuator's);
 2. collection: single-agent runs of one stack in lock step (:func:`~.collect.collect_rows`: one
-   stacked forward per env step), a multi-agent run over its own env loop;
-3. advantages, then the update of every row of each stack together (:func:`~.learn.update_rows`);
+   stacked forward per env step), a multi-agent run over its own env loop; a policy with
+   ``ppo.staleness`` k collects with its policy k updates back (:func:`_stale_policies`);
+3. advantages (a stale rollout's proximal policy and weights:
+   :meth:`klppo.rl.unit.PolicyUnit.proximal`), then the update of every row of each stack
+   together (:func:`~.learn.update_rows`);
 4. each row's rollout KL from one stacked forward, and its iteration-cadence controller update;
 5. each member's metrics (:meth:`klppo.rl.unit.PolicyUnit.report`).
 
