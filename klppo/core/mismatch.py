@@ -62,9 +62,16 @@ def bounds_problem(correction: str, upper: float | None, lower: float | None
         return None
     if lower is not None and correction != "icepop":
         return "lower", lower, "only the icepop correction reads it"
-    lo = DEFAULT_BOUNDS["icepop"][0] if lower is None else lower
-    if correction == "icepop" and upper is not None and lo is not None and not lo < upper:
-        return "upper", upper, f"must be above the lower bound {lo}"
+    if correction != "icepop":
+        return None
+    lo_default, hi_default = DEFAULT_BOUNDS["icepop"]
+    lo = lo_default if lower is None else lower
+    hi = hi_default if upper is None else upper
+    assert lo is not None and hi is not None  # (IcePop's defaults are numbers)
+    if not lo < hi:
+        if upper is None:
+            return "lower", lo, f"must be below the upper bound {hi}"
+        return "upper", hi, f"must be above the lower bound {lo}"
     return None
 
 

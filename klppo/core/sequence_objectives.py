@@ -50,15 +50,38 @@ class Segments:
         ids = torch.unique(ids, return_inverse=True)[1]  # 0..S-1, in order of first id
         self.ids = ids
         self.num = int(ids.max()) + 1
-        self.onehot = ids[None, :] == torch.arange(self.num, device=ids.device)[:, None]
-        self.length = self.onehot.sum(1)
+        #: every token its own sequence (klppo train's steps): the segment sums, means and
+        #: maxima are the tokens themselves, gathered, without the ``[S, N]`` one-hot matrix
+        self.singletons = self.num == ids.numel()
+        self._token_of = torch.argsort(ids) if self.singletons else None
+        self._onehot: torch.Tensor | None = None
+        self.length = (torch.ones(self.num, dtype=torch.long, device=ids.device)
+                       if self.singletons else self.onehot.sum(1))
+
+    @property
+    def onehot(self) -> torch.Tensor:
+        """``[S, N]`` bool: token n belongs to sequence s (made on first use)."""
+        if self._onehot is None:
+            ids = self.ids
+            self._onehot = ids[None, :] == torch.arange(self.num, device=ids.device)[:, None]
+        return self._onehot
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """``[S]`` sum of ``x`` ``[N]`` over each sequence."""
+        if self._token_of is not None:
+            return x[self._token_of]
+        return self.onehot.to(x.dtype) @ x
 
     def mean(self, x: torch.Tensor) -> torch.Tensor:
         """``[S]`` mean of ``x`` ``[N]`` over each sequence."""
-        return (self.onehot.to(x.dtype) @ x) / self.length.to(x.dtype)
+        if self._token_of is not None:
+            return x[self._token_of]
+        return self.sum(x) / self.length.to(x.dtype)
 
     def max(self, x: torch.Tensor) -> torch.Tensor:
         """``[S]`` maximum of ``x`` over each sequence."""
+        if self._token_of is not None:
+            return x[self._token_of]
         low = torch.full((), -torch.inf, dtype=x.dtype, device=x.device)
         return torch.where(self.onehot, x[None, :], low).amax(1)
 
@@ -210,7 +233,7 @@ class TOPR(SequenceObjective):
     one_step = True  # klppo train: each step a sequence, a_t = min(pi / mu, 1) where A_t < 0
 
     def sequence_term(self, ratio, logp_new, logp_old, advantage, seg):
-        log_rho = (seg.onehot.to(ratio.dtype) @ (logp_new - logp_old).detach())[seg.ids]
+        log_rho = seg.sum((logp_new - logp_old).detach())[seg.ids]
         taper = torch.where(advantage >= 0, torch.ones_like(log_rho),
                             torch.exp(torch.clamp(log_rho, max=0.0)))
         weight = seg.ids.numel() / seg.num

@@ -147,6 +147,10 @@ def _validate_staleness(cfg: TrainConfig) -> None:
     if OBJECTIVES[cfg.objective].ratio_to_sampler and p.mismatch_correction != "none":
         raise _bad("ppo.mismatch_correction", p.mismatch_correction, f"objective="
                    f"{cfg.objective!r} takes its ratio to the sampling policy already")
+    if OBJECTIVES[cfg.objective].ratio_to_sampler and p.early_stop != "none":
+        raise _bad("ppo.early_stop", p.early_stop, f"objective={cfg.objective!r} with "
+                   f"ppo.staleness would measure its KL from the policy {p.staleness} updates "
+                   f"back (its ratio's), not from the one before the update")
     if cfg.net.shared_trunk:
         raise _bad("ppo.staleness", p.staleness, "needs net.shared_trunk false (a stale "
                    "rollout acts with an old policy and the current critic)")

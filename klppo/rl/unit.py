@@ -133,7 +133,8 @@ class PolicyUnit:
 
     def _checked_past(self, past: Any) -> list[np.ndarray]:
         """A checkpoint's past policies: 1 to ppo.staleness + 1 finite float32 vectors of the
-        policy's size (a forged or foreign checkpoint is refused)."""
+        policy's size, the last the checkpoint's policy itself (loaded before them); a forged
+        or foreign checkpoint is refused."""
         k, size = self.cfg.ppo.staleness, self.learner.backend.policy_weights().shape
         if not isinstance(past, list) or not 1 <= len(past) <= k + 1 or not all(
                 isinstance(x, np.ndarray) and x.dtype == np.float32 and x.shape == size
@@ -141,6 +142,9 @@ class PolicyUnit:
             raise RuntimeError(f"the checkpoint's past_policies are not 1 to {k + 1} finite "
                                f"float32 vectors of {size[0]} (written without ppo.staleness "
                                f"{k}?); resume with the run's own config")
+        if not np.array_equal(past[-1], self.learner.backend.policy_weights()):
+            raise RuntimeError("the checkpoint's past_policies do not end with its policy (a "
+                               "checkpoint klppo writes always does): damaged or forged")
         return past
 
     def start_iteration(self, it: int) -> float:

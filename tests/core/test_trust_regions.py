@@ -534,3 +534,47 @@ def test_topr_is_finite_where_the_trajectory_ratio_overflows():
                                                           sequence_ids=ids)
         (g,) = torch.autograd.grad(out["loss_objective"], new)
         assert torch.isfinite(g).all() and torch.allclose(g, torch.full((200,), -sign))
+
+
+@pytest.mark.parametrize("name", ["gspo", "gmpo", "trm", "topr"])
+def test_sequences_of_one_token_are_the_tokens_themselves_without_the_one_hot(name):
+    """Every token its own sequence (``klppo train``'s steps, in any order of ids): the segment
+    sums, means and maxima are the tokens (a permutation), the one-hot ``[S, N]`` matrix is
+    never made, and every sequence objective's value and gradient equal those computed through
+    it (forced), bit for bit."""
+    from klppo.core.sequence_objectives import Segments
+
+    g = torch.Generator().manual_seed(3)
+    n = 257
+    ids = torch.randperm(n, generator=g) + 5
+    seg = Segments(ids)
+    x = torch.randn(n, generator=g)
+    assert seg.singletons and seg._onehot is None
+    order = torch.argsort(seg.ids)
+    for got in (seg.sum(x), seg.mean(x), seg.max(x)):
+        assert torch.equal(got, x[order])
+    assert seg._onehot is None
+    logp_old = -torch.rand(n, generator=g) - 0.1
+    logp = (logp_old + 0.3 * torch.randn(n, generator=g)).requires_grad_(True)
+    adv = torch.randn(n, generator=g)
+    obj = make_objective(name, Band(0.2))
+
+    def value_and_grad(force_one_hot):
+        if force_one_hot:
+            real = Segments.__init__
+
+            def init(self, ids):
+                real(self, ids)
+                self._token_of, self.singletons = None, False
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(Segments, "__init__", init)
+                term = obj.term(torch.exp(logp - logp_old), logp, logp_old, adv, None, 0.0,
+                                sequence_ids=ids)
+        else:
+            term = obj.term(torch.exp(logp - logp_old), logp, logp_old, adv, None, 0.0,
+                            sequence_ids=ids)
+        (grad,) = torch.autograd.grad(term.objective.sum(), logp)
+        return term.objective.detach(), grad
+
+    for a, b in zip(value_and_grad(False), value_and_grad(True)):
+        assert torch.equal(a, b)

@@ -207,9 +207,11 @@ def test_a_killed_sweep_leaves_no_worker_behind_and_resumes_exactly(tmp_path, cl
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
 def test_a_second_interrupt_kills_the_workers_and_keeps_the_index_consistent(tmp_path, capsys):
-    # 2 iterations of 8192 steps: a worker needs seconds to finish its iteration
+    # 2 iterations of 16384 steps: a worker needs seconds to finish its iteration, so the
+    # second interrupt (0.3 s after the first) finds it still in its first one (with iterations
+    # of 8192 steps a loaded machine saw the worker end gracefully between the two)
     s = spec(conditions={"clip": {"objective": "clip"}}, seeds=[0],
-             base={**BASE, "total_steps": 16384, "rollout": {"num_steps": 2048}})
+             base={**BASE, "total_steps": 32768, "rollout": {"num_steps": 4096}})
     out = tmp_path / "sw"
     proc = start_sweep(spec_file(tmp_path, s), out, workers=1)
     wait_for_status(out / "runs" / "CartPole-v1__clip__0", "running")

@@ -13,7 +13,6 @@ import torch
 from klppo import rl
 from klppo.core.mismatch import mismatch_weights
 from klppo.rl.config import ConfigError
-from klppo.rl.engine.group import _stale_policies
 from klppo.rl.engine.rundirs import train_batched
 from klppo.rl.trainer import _Trainer
 from klppo.runs.checkpoint import load_checkpoint, save_checkpoint
@@ -52,8 +51,7 @@ def test_the_policy_k_updates_back_collects_and_the_proximal_policy_is_the_updat
         assert not isinstance(res, BaseException), res
         snaps.append(slot.policy_weights())
     assert len(tr.unit.past) == 3 and np.array_equal(tr.unit.past[0], snaps[1])
-    with _stale_policies([tr]):  # iteration 4's rollout, as Group.iterate collects it
-        tr.group.collect({0: tr}, {0: 4})
+    tr.collect_rollout(4)  # iteration 4's rollout, as Group.iterate collects it
     assert np.array_equal(slot.policy_weights(), snaps[3])
     buf = tr.collector.buf
     obs, actions = buf.obs.numpy().reshape(cfg.batch_size, -1), buf.actions.numpy().reshape(
@@ -94,8 +92,7 @@ def test_each_correction_weighs_the_update_as_the_core_says(tmp_path, correction
     tr.start()
     for _ in range(2):
         tr.group.iterate([0])
-    with _stale_policies([tr]):
-        tr.group.collect({0: tr}, {0: 3})
+    tr.collect_rollout(3)
     batch = tr.unit.proximal(tr.unit.advantages(tr.collector.buf))
     log_ratio = (batch.logp - tr.collector.buf.logp.reshape(-1))[:, None]
     want = mismatch_weights(log_ratio, torch.ones_like(log_ratio, dtype=torch.bool), correction)
@@ -152,10 +149,17 @@ def test_a_resumed_stale_run_equals_the_uninterrupted_one(tmp_path):
     assert strip(res.metrics) == strip(full.metrics)
 
 
-def test_a_checkpoint_s_forged_past_policies_are_refused(tmp_path):
+@pytest.mark.parametrize("forge", ["size", "last"])
+def test_a_checkpoint_s_forged_past_policies_are_refused(tmp_path, forge):
+    """Vectors of another policy's size, or a list that does not end with the checkpoint's own
+    policy (klppo writes the updated policy last), are refused."""
     run = rl.train(stale(tmp_path / "run", steps=1024)).run_dir
     state = load_checkpoint(run)
-    state["past_policies"] = [np.zeros(3, np.float32)]  # finite, of another policy's size
+    past = state["past_policies"]
+    if forge == "size":
+        state["past_policies"] = [np.zeros(3, np.float32)]  # finite, of another policy's size
+    else:
+        state["past_policies"] = [past[-1], past[0] + np.float32(0.5)]
     save_checkpoint(run, state)
     with pytest.raises(Exception, match="past_policies"):
         rl.resume(run, total_steps=2048)
@@ -168,6 +172,8 @@ def test_a_checkpoint_s_forged_past_policies_are_refused(tmp_path):
      r"ppo.mismatch_lower=0.2: only the icepop correction"),
     (dict(staleness=1, mismatch_correction="icepop", mismatch_upper=0.4), {},
      r"ppo.mismatch_upper=0.4: must be above the lower bound 0.5"),
+    (dict(staleness=1, mismatch_correction="icepop", mismatch_lower=6.0), {},
+     r"ppo.mismatch_lower=6.0: must be below the upper bound 5.0"),
     (dict(staleness=1), dict(shared_trunk=True), r"ppo.staleness=1: needs net.shared_trunk"),
     (dict(staleness=65), {}, r"ppo.staleness=65"),
 ])
@@ -210,8 +216,7 @@ def test_topr_trains_each_step_its_own_sequence_with_its_ratio_to_the_behaviour(
     for _ in range(2):
         res = tr.group.iterate([0])[0]
         assert not isinstance(res, BaseException), res
-    with _stale_policies([tr]):
-        tr.group.collect({0: tr}, {0: 3})
+    tr.collect_rollout(3)
     buf = tr.collector.buf
     batch = tr.unit.proximal(tr.unit.advantages(buf))
     assert torch.equal(batch.logp, buf.logp.reshape(-1)) and batch.weight is None
@@ -225,3 +230,7 @@ def test_topr_refuses_a_correction_and_the_other_sequence_objectives_stay_refuse
         rl.train(stale(tmp_path / "a", objective="topr"))
     with pytest.raises(ConfigError, match=r"objective='gmpo': is sequence-level"):
         rl.train(config(tmp_path / "b", objective="gmpo"))
+    with pytest.raises(ConfigError, match=r"ppo.early_stop='minibatch': objective='topr' with "
+                                          r"ppo.staleness would measure its KL from the policy 2"):
+        rl.train(stale(tmp_path / "c", objective="topr", correction="none",
+                       ppo=dict(early_stop="minibatch", target_kl=0.01)))

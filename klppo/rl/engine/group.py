@@ -10,7 +10,7 @@ asked for, in the visible phases of a PPO iteration:
 1. learning rates (the schedule's, or the lr actuator's);
 2. collection: single-agent runs of one stack in lock step (:func:`~.collect.collect_rows`: one
    stacked forward per env step), a multi-agent run over its own env loop; a policy with
-   ``ppo.staleness`` k collects with its policy k updates back (:func:`_stale_policies`);
+   ``ppo.staleness`` k collects with its policy k updates back (:meth:`Group.collect`);
 3. advantages (a stale rollout's proximal policy and weights:
    :meth:`klppo.rl.unit.PolicyUnit.proximal`), then the update of every row of each stack
    together (:func:`~.learn.update_rows`);
@@ -98,8 +98,7 @@ class Group:
         its = {i: tr.iteration + 1 for i, tr in trs.items()}
         lrs = {i: tr.start_iteration(its[i]) for i, tr in trs.items()}       # 1. learning rates
         t0 = time.perf_counter()
-        with _stale_policies(trs.values()):  # ppo.staleness: the policies k updates back act
-            out: dict[int, Any] = self.collect(trs, its)                      # 2. collect
+        out: dict[int, Any] = self.collect(trs, its)                          # 2. collect
         episodes = {i: e for i, e in out.items() if not isinstance(e, BaseException)}
         for i in episodes:
             trs[i].global_step += trs[i].cfg.batch_size
@@ -130,7 +129,11 @@ class Group:
 
     def collect(self, trs: dict[int, Any], its: dict[int, int]) -> dict[int, Any]:
         """Each member's rollout: single-agent runs of one stack in lock step, a multi-agent
-        run alone."""
+        run alone; a policy with ``ppo.staleness`` k collects with its policy k updates back."""
+        with _stale_policies(trs.values()):
+            return self._collect(trs, its)
+
+    def _collect(self, trs: dict[int, Any], its: dict[int, int]) -> dict[int, Any]:
         out: dict[int, Any] = {}
         lockstep: dict[int, dict[int, tuple[int, Any]]] = defaultdict(dict)
         stacks: dict[int, Any] = {}
