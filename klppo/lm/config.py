@@ -209,15 +209,19 @@ class RLHFConfig:
     policy before the update, the sampler's ratio goes to mismatch_correction"""
     mismatch_correction: MismatchCorrection = "none"
     """the per-token weight pi_old / pi_rollout on the objective (klppo.core.mismatch): none,
-    tis (truncated at mismatch_upper, 2; with staleness: decoupled PPO), mis (the response's
-    ratio, the response masked above mismatch_upper, 2), icepop (tokens outside
-    [mismatch_lower, mismatch_upper] = [0.5, 5] masked), m2po (the tokens of largest squared
-    log-ratio masked until its mean is <= mismatch_upper, 0.04)"""
+    tis (truncated at mismatch_upper, 2; with staleness: decoupled PPO), seq_tis (the
+    response's ratio truncated at mismatch_upper, 2), mis (the response's ratio, the response
+    masked outside [mismatch_lower, mismatch_upper] = [none, 2]), icepop (tokens outside
+    [mismatch_lower, mismatch_upper] = [0.5, 5] masked), m2po (the token's ratio, the tokens of
+    largest squared log-ratio masked until its mean is <= mismatch_upper, 0.04, and those above
+    mismatch_reject)"""
     mismatch_upper: float | None = field(default=None, metadata=above(0))
     """upper bound of the correction (None: its source's value: tis and mis 2, icepop 5,
     m2po 0.04)"""
     mismatch_lower: float | None = field(default=None, metadata=above(0))
-    """icepop: lower bound (None: 0.5)"""
+    """icepop: lower bound (None: 0.5); mis: a lower bound makes it two-sided (None: none)"""
+    mismatch_reject: float | None = field(default=None, metadata=above(1))
+    """m2po: tokens whose ratio is above it weigh 0 (AReaL's behav_imp_weight_cap; None: off)"""
     ref_reset_every: int | None = field(default=None, metadata=at_least(1))
     """reference reset / sync every this many iterations, after the update (None: never)"""
     ref_reset_kl: float | None = field(default=None, metadata=above(0))
@@ -302,11 +306,16 @@ def objective_knobs(c: RLHFConfig) -> Knobs:
 def _check_mismatch(c: RLHFConfig) -> None:
     """Bounds only where a correction reads them; a correction needs temperature 1 (else the
     ratio would hold the temperature as well as the precision)."""
-    bad = bounds_problem(c.mismatch_correction, c.mismatch_upper, c.mismatch_lower)
+    bad = bounds_problem(c.mismatch_correction, c.mismatch_upper, c.mismatch_lower,
+                         c.mismatch_reject)
     if bad is not None:
         raise _bad(f"mismatch_{bad[0]}", bad[1], bad[2])
     if c.mismatch_correction == "none":
         return
+    if not c.staleness and c.rollout_dtype == "float32":
+        raise _bad("mismatch_correction", c.mismatch_correction, "needs a sampler that differs "
+                   "from the policy trained (staleness > 0 or rollout_dtype bfloat16 / float16):"
+                   " with neither every weight is 1")
     if c.temperature != 1.0:
         raise _bad("mismatch_correction", c.mismatch_correction, f"needs temperature 1 (got "
                    f"{c.temperature}): the sampler's ratio would also hold the temperature")

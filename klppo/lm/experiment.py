@@ -352,7 +352,7 @@ class Experiment:
             return {"weights": None, "mismatch": {}}
         log_ratio = b["s"]["logp"] - logp_rollout
         w = mismatch_weights(log_ratio, b["mask"], c.mismatch_correction, c.mismatch_upper,
-                             c.mismatch_lower)
+                             c.mismatch_lower, c.mismatch_reject)
         return {"weights": None if c.mismatch_correction == "none" else w,
                 "mismatch": mismatch_stats(log_ratio, b["mask"], w)}
 

@@ -170,14 +170,18 @@ class PPOConfig:
     weights each sample by pi_prox / pi_behaviour"""
     mismatch_correction: MismatchCorrection = "none"
     """with staleness, each sample's weight on the objective from rho = pi_prox / pi_behaviour
-    (klppo.core.mismatch): none (1), tis (min(rho, mismatch_upper = 2): decoupled PPO), mis
-    (rho, 0 above mismatch_upper = 2), icepop (rho, 0 outside [mismatch_lower, mismatch_upper]
-    = [0.5, 5]), m2po (0 on the samples of largest (log rho)^2 until their mean is <=
-    mismatch_upper = 0.04; pair it with objective unclipped)"""
+    (klppo.core.mismatch): none (1), tis (min(rho, mismatch_upper = 2): decoupled PPO), seq_tis
+    (the same of a sequence's ratio; here a sample is a sequence of one), mis (rho, 0 outside
+    [mismatch_lower, mismatch_upper] = [none, 2]), icepop (rho, 0 outside [mismatch_lower,
+    mismatch_upper] = [0.5, 5]), m2po (rho, but 0 on the samples of largest (log rho)^2 until
+    their mean is <= mismatch_upper = 0.04, and above mismatch_reject; pair it with objective
+    unclipped)"""
     mismatch_upper: float | None = field(default=None, metadata=above(0))
     """upper bound of mismatch_correction (None: its source's value)"""
     mismatch_lower: float | None = field(default=None, metadata=above(0))
-    """icepop: lower bound (None: 0.5)"""
+    """icepop: lower bound (None: 0.5); mis: a lower bound makes it two-sided (None: none)"""
+    mismatch_reject: float | None = field(default=None, metadata=above(1))
+    """m2po: samples whose rho is above it weigh 0 (AReaL's behav_imp_weight_cap; None: off)"""
 
 
 @dataclass

@@ -136,12 +136,13 @@ def _validate_staleness(cfg: TrainConfig) -> None:
     p = cfg.ppo
     if not p.staleness:
         for name, default in (("mismatch_correction", "none"), ("mismatch_upper", None),
-                              ("mismatch_lower", None)):
+                              ("mismatch_lower", None), ("mismatch_reject", None)):
             if getattr(p, name) != default:
                 raise _bad(f"ppo.{name}", getattr(p, name), "only ppo.staleness > 0 reads it "
                            "(a fresh rollout's policy is the proximal one)")
         return
-    bad = bounds_problem(p.mismatch_correction, p.mismatch_upper, p.mismatch_lower)
+    bad = bounds_problem(p.mismatch_correction, p.mismatch_upper, p.mismatch_lower,
+                         p.mismatch_reject)
     if bad is not None:
         raise _bad(f"ppo.mismatch_{bad[0]}", bad[1], bad[2])
     if OBJECTIVES[cfg.objective].ratio_to_sampler and p.mismatch_correction != "none":

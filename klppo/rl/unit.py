@@ -196,7 +196,7 @@ class PolicyUnit:
         log_ratio = (prox - batch.logp)[:, None]
         mask = torch.ones_like(log_ratio, dtype=torch.bool)
         w = mismatch_weights(log_ratio, mask, p.mismatch_correction, p.mismatch_upper,
-                             p.mismatch_lower)
+                             p.mismatch_lower, p.mismatch_reject)
         self.mismatch = mismatch_stats(log_ratio, mask, w)
         if self.learner.loss.policy.ratio_to_sampler:  # TOPR: its ratio is to the behaviour
             prox = batch.logp

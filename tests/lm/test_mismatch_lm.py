@@ -60,10 +60,16 @@ def test_a_resume_with_a_bfloat16_sampler_is_exact(tiny_model_dir, tmp_path):
 def test_mismatch_settings_are_refused_where_nothing_reads_them():
     with pytest.raises(ConfigError, match=r"mismatch_upper=3.0: only a mismatch correction"):
         validate_rlhf(RLHFConfig(mismatch_upper=3.0))
-    with pytest.raises(ConfigError, match=r"mismatch_lower=0.2: only the icepop correction"):
-        validate_rlhf(RLHFConfig(mismatch_correction="tis", mismatch_lower=0.2))
+    with pytest.raises(ConfigError, match=r"mismatch_lower=0.2: only the icepop and mis "):
+        validate_rlhf(RLHFConfig(mismatch_correction="tis", mismatch_lower=0.2, staleness=1))
+    with pytest.raises(ConfigError, match=r"mismatch_reject=5.0: only the m2po correction"):
+        validate_rlhf(RLHFConfig(mismatch_correction="tis", mismatch_reject=5.0, staleness=1))
     with pytest.raises(ConfigError, match=r"mismatch_correction='tis': needs temperature 1"):
-        validate_rlhf(RLHFConfig(mismatch_correction="tis", temperature=0.7))
+        validate_rlhf(RLHFConfig(mismatch_correction="tis", temperature=0.7, staleness=1))
+    # a float32 sampler of the current policy: every weight would be 1
+    with pytest.raises(ConfigError, match=r"mismatch_correction='tis': needs a sampler that "):
+        validate_rlhf(RLHFConfig(mismatch_correction="tis"))
+    validate_rlhf(RLHFConfig(mismatch_correction="m2po", mismatch_reject=5.0, staleness=1))
 
 
 def test_a_stale_sampler_is_the_policy_staleness_updates_back(tiny_model_dir, tmp_path,

@@ -169,7 +169,7 @@ def test_a_checkpoint_s_forged_past_policies_are_refused(tmp_path, forge):
     (dict(mismatch_correction="tis"), {}, r"ppo.mismatch_correction='tis': only ppo.staleness"),
     (dict(mismatch_upper=3.0), {}, r"ppo.mismatch_upper=3.0: only ppo.staleness"),
     (dict(staleness=1, mismatch_correction="tis", mismatch_lower=0.2), {},
-     r"ppo.mismatch_lower=0.2: only the icepop correction"),
+     r"ppo.mismatch_lower=0.2: only the icepop and mis corrections"),
     (dict(staleness=1, mismatch_correction="icepop", mismatch_upper=0.4), {},
      r"ppo.mismatch_upper=0.4: must be above the lower bound 0.5"),
     (dict(staleness=1, mismatch_correction="icepop", mismatch_lower=6.0), {},
