@@ -126,3 +126,63 @@ def test_gradient_accumulation_and_several_passes_are_read_exactly(lm_dir, tmp_p
     trainer.train()
     assert cb.tap.calls == 4 and len(cb.history) == 2
     assert all(r["kl"] is not None and r["kl"] > 0 for r in cb.history)
+
+
+WINDOWS = [  # (gradient_accumulation_steps, steps_per_generation, num_iterations, logging_steps)
+    (2, 2, 1, 1),  # TRL's default windowing, two micro-batches per step
+    (1, 2, 1, 1),  # a generation batch spans two optimiser steps
+    (2, 4, 1, 1),
+    (2, 4, 2, 2),  # a log spans two optimiser steps, each batch seen twice
+]
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: "ga{}-s{}-it{}-log{}".format(*w))
+@pytest.mark.parametrize("loss_type", sorted(LOSS_UNITS))
+def test_the_fed_kl_is_trls_term_over_whole_optimiser_steps(loss_type, window, lm_dir,
+                                                            tmp_path):
+    """Every loss call of the run recorded (inputs, weights, accumulation steps); TRL's own
+    ``_compute_loss`` at beta 1 minus beta 0 on each, summed over a log's calls and divided by
+    its optimiser steps, is ``kl_penalised`` for every log. The micro-batches' KLs differ."""
+    from trl import GRPOTrainer
+
+    ga, spg, iters, log_every = window
+    trainer = make_trainer("grpo", lm_dir, tmp_path / "o", perturb=0.05, eos_bias=4.0,
+                           max_steps=2 * log_every, loss_type=loss_type,
+                           per_device_train_batch_size=2, gradient_accumulation_steps=ga,
+                           steps_per_generation=spg, num_iterations=iters,
+                           logging_steps=log_every)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cb = attach(trainer, "proportional", target=0.5, beta_min=1e-3)
+    calls = []
+    loss_fn = cb.tap._loss_fn
+
+    def record(model, inputs):
+        calls.append((copy.deepcopy(inputs), copy.deepcopy(model.state_dict()),
+                      trainer.current_gradient_accumulation_steps, trainer.state.global_step,
+                      trainer.beta))
+        return loss_fn(model, inputs)
+
+    cb.tap._loss_fn = record
+    trainer.train()
+    assert len(cb.history) == 2 and len(calls) == 2 * log_every * ga
+
+    model = trainer.model
+    model.train()
+    terms, per_call_kl = [], []
+    for inputs, weights, call_ga, _, beta_used in calls:
+        model.load_state_dict(weights)
+        trainer.current_gradient_accumulation_steps = call_ga
+        losses = []
+        for beta in (0.0, 1.0):
+            trainer.beta = beta
+            with torch.no_grad():
+                losses.append(float(GRPOTrainer._compute_loss(trainer, model, inputs)))
+        terms.append(losses[1] - losses[0])
+        per_call_kl.append(terms[-1] * call_ga)
+    assert max(per_call_kl) > 1.05 * min(per_call_kl)  # unequal micro-batch KLs
+    per_log = len(calls) // 2
+    for i, rec in enumerate(cb.history):
+        expect = sum(terms[i * per_log:(i + 1) * per_log]) / log_every
+        assert rec["kl_penalised"] == pytest.approx(expect, rel=1e-4, abs=1e-7)
+        assert rec["kl"] == rec["kl_penalised"]

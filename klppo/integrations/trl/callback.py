@@ -44,8 +44,10 @@ class KLControlCallback(TrainerCallback):
     """Feeds ``controller`` the trainer's KL in ``unit`` and writes the new beta into the
     trainer. Build it with :func:`attach`, which checks everything first.
 
-    GRPO: the KL of the window's loss calls, read per token (``tap``), exact in every unit;
-    RLOO: the KL the trainer logged, converted with the logged mean completion length.
+    GRPO: the KL of the window's loss calls, read per token (``tap``): in the penalised unit
+    the KL term of TRL's loss per optimiser step, exactly as TRL reduces it, in another unit the
+    window's tokens pooled; RLOO: the KL the trainer logged, converted with the logged mean
+    completion length.
     ``history`` holds one record per training log: the logged KL (TRL's value, its estimator,
     direction and unit), the value fed to the controller (in ``unit``), the KL in the unit beta
     multiplies (``kl_penalised``, GRPO), the mean completion length, the beta used during the
@@ -128,8 +130,10 @@ class KLControlCallback(TrainerCallback):
             "penalised_unit": self.penalised_unit, "kl_penalised": None,
             "mean_length": length, "kl_target": ctrl.target, "beta": beta}
         if self.tap is not None:
-            observed = self.tap.window(self.unit)
-            rec["kl_penalised"] = self.tap.window(self.penalised_unit)
+            steps = max(1, state.global_step - self._last_update_step)
+            rec["kl_penalised"] = self.tap.penalised(steps)
+            observed = rec["kl_penalised"] if self.unit == self.penalised_unit \
+                else self.tap.window(self.unit)
             self.tap.reset()
             if observed is None:
                 raise RuntimeError(f"step {state.global_step}: {spec.class_name} computed no "

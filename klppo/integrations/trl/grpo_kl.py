@@ -5,8 +5,20 @@ reduces the tokens with the ``loss_type``'s normaliser, so the unit that beta mu
 loss type's (:data:`LOSS_UNITS`); TRL logs one KL for all of them, the token mean. The
 :class:`KLTap` sees each loss call's per-token KL (the policy's log-probabilities of that call,
 the reference's and the old policy's from the batch, TRL's k3 and, with
-``use_bias_correction_kl``, its per-token importance ratio) and keeps the sums from which the
-window's KL follows **exactly** in every unit: nothing is converted with a mean length.
+``use_bias_correction_kl``, its per-token importance ratio) and keeps two things:
+
+* **the KL term itself** (:meth:`KLTap.penalised`): each call's KL reduced exactly as TRL reduces
+  it (the loss type's normaliser, the accumulation steps, ``num_items_in_batch`` over processes
+  and ``steps_per_generation``, the mean over processes that data parallelism takes), summed
+  over the window and divided by its optimiser steps: per optimiser step, the number beta
+  multiplies in the loss whose gradient is taken, whatever the windowing;
+* **pooled sums** (:meth:`KLTap.window`), from which the window's KL follows in any unit of
+  :data:`UNIT_MEANINGS` over all the window's tokens (nothing converted with a mean length).
+
+In TRL's default windowing (one process or several, ``steps_per_generation`` equal to
+``gradient_accumulation_steps``) the two agree for the penalised unit; outside it they can
+differ (``bnpo`` averages per-micro-batch token means, ``dapo`` divides by the generation
+batch's token count), and the controller is fed the first when its unit is the penalised one.
 
 Every call is checked against TRL: the token mean of the tap's per-token KL must be the value
 TRL logged for that call, else training stops (TRL's internals are not what this module reads).
@@ -43,8 +55,8 @@ UNIT_MEANINGS: dict[str, str] = {
                         "max_completion_length), Dr. GRPO's constant normaliser",
 }
 #: the sums the tap keeps: KL over tokens, tokens, per-sequence means, per-sequence sums,
-#: sequences
-_FIELDS = ("kl_sum", "tokens", "seq_mean_sum", "seq_sum_sum", "sequences")
+#: sequences, and TRL's KL term (summed over the loss calls)
+_FIELDS = ("kl_sum", "tokens", "seq_mean_sum", "seq_sum_sum", "sequences", "term")
 
 
 def unit_value(sums: dict[str, float], unit: str, max_length: int) -> float:
@@ -80,10 +92,20 @@ class KLTap:
         self.sums = dict.fromkeys(_FIELDS, 0.0)
 
     def window(self, unit: str) -> float | None:
-        """The window's KL in ``unit`` (None: no loss call since the last reset)."""
+        """The window's KL in ``unit`` over all its tokens pooled (None: no loss call since the
+        last reset)."""
         if self.sums["sequences"] == 0:
             return None
         return unit_value(self.sums, unit, int(self.trainer.args.max_completion_length))
+
+    def penalised(self, optimizer_steps: int) -> float | None:
+        """The KL term of TRL's loss (what beta multiplies), summed over the window's loss calls
+        and divided by its ``optimizer_steps`` (None: no loss call since the last reset)."""
+        if self.sums["sequences"] == 0:
+            return None
+        if optimizer_steps < 1:
+            raise ValueError(f"optimizer_steps={optimizer_steps!r}: must be >= 1")
+        return self.sums["term"] / optimizer_steps
 
     # ------------------------------------------------------------------ the wrappers
     def _capture_logps(self, *args: Any, **kwargs: Any) -> Any:
@@ -106,10 +128,14 @@ class KLTap:
                                "True): TRL's internals are not what klppo reads")
         kl, mask = self.per_token_kl(self._logps, inputs)
         m = mask.to(kl.dtype)
-        local = torch.stack([(kl * m).sum(), m.sum(), per_sequence_mean(kl, mask).sum(),
-                             per_sequence_sum(kl, mask).sum(),
-                             torch.tensor(float(kl.shape[0]), dtype=kl.dtype, device=kl.device)])
-        total = self.trainer.accelerator.reduce(local.double(), reduction="sum").tolist()
+        term = self.loss_term(kl.detach().double(), mask, inputs)
+        local = torch.stack([(kl * m).sum().double(), m.sum().double(),
+                             per_sequence_mean(kl, mask).sum().double(),
+                             per_sequence_sum(kl, mask).sum().double(),
+                             torch.tensor(float(kl.shape[0]), dtype=torch.float64,
+                                          device=kl.device), term.to(kl.device)])
+        total = self.trainer.accelerator.reduce(local, reduction="sum").tolist()
+        total[5] /= self.trainer.accelerator.num_processes  # data parallelism's mean
         self._check_against_trl(total[0] / max(total[1], 1.0))
         for k, v in zip(_FIELDS, total):
             self.sums[k] += v
@@ -130,6 +156,30 @@ class KLTap:
             if old is not None:
                 kl = kl * torch.exp(logps - old)
         return kl, mask.bool()
+
+    def loss_term(self, kl: torch.Tensor, mask: torch.Tensor, inputs: dict[str, Any]
+                  ) -> torch.Tensor:
+        """This process's KL term of one training loss call, reduced as TRL 1.16's
+        ``_compute_loss`` reduces ``beta * per_token_kl`` (divided by beta)."""
+        t, args = self.trainer, self.trainer.args
+        m = mask.to(kl.dtype)
+        ga = float(t.current_gradient_accumulation_steps)
+        loss_type = args.loss_type
+        if loss_type in ("grpo", "sapo"):
+            value = per_sequence_mean(kl, mask).mean()
+        elif loss_type == "bnpo":
+            value = (kl * m).sum() / m.sum().clamp(min=1.0)
+        elif loss_type == "dr_grpo":
+            value = (kl * m).sum() / (kl.shape[0] * int(args.max_completion_length))
+        elif loss_type == "luspo":
+            value = per_sequence_sum(kl, mask).mean()
+        elif loss_type in ("dapo", "cispo", "vespo"):
+            n = inputs["num_items_in_batch"].double().clamp(min=1.0).cpu()
+            per_process = n / t.accelerator.num_processes
+            return ((kl * m).sum().cpu() / (per_process * ga / args.steps_per_generation))
+        else:
+            raise RuntimeError(f"loss_type={loss_type!r}: klppo does not know how TRL reduces it")
+        return (value / ga).cpu()
 
     def _check_against_trl(self, token_mean: float) -> None:
         logged = self.trainer._metrics["train"]["kl"]
