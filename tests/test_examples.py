@@ -76,38 +76,43 @@ def test_trl_grpo_adaptive_kl_tiny_writes_the_rlhf_report(tmp_path, capsys):
     import importlib.util
     import sys
 
-    from klppo.core.controllers import make_controller
+    from klppo.core.controllers import make_controller, run_horizon
     from klppo.runs.metrics import read_metrics
 
     spec = importlib.util.spec_from_file_location("trl_grpo", EXAMPLES / "trl_grpo_adaptive_kl.py")
     example = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = example  # its dataclasses look the module up
     spec.loader.exec_module(example)
-    assert example.main(["--tiny", "--out", str(tmp_path)]) == 0
-    s = example.TINY
+    assert example.main(["--tiny", "--out", str(tmp_path), "--steps", "24"]) == 0
+    s = dataclasses.replace(example.TINY, steps=24)
+    n = s.prompts_per_step * s.completions_per_prompt
     arms = {"fixed_strong": s.strong_beta, "adaptive_from_strong": s.strong_beta,
             "fixed_weak": s.weak_beta, "adaptive_from_weak": s.weak_beta}
     for arm, beta in arms.items():
         recs, bad = read_metrics(tmp_path / "runs" / f"{arm}__0" / "metrics.jsonl")
         assert bad == 0 and [r["iteration"] for r in recs] == list(range(1, s.steps + 1))
-        assert [r["iteration"] for r in recs if "held_out_perplexity" in r] == [1, 4, 8, 12]
+        assert [r["iteration"] for r in recs if "held_out_perplexity" in r] == [1, 24]
         assert all(len(r["samples"]) == 4 for r in recs if "samples" in r)
+        # the adaptive arms: the rule with the horizon derived from the run, holding beta until
+        # the KL first reaches the target
         ctrl = make_controller("fixed", beta=beta) if arm.startswith("fixed") else \
             make_controller(s.controller, beta=beta, target=s.target, beta_min=1e-4,
-                            horizon=s.horizon)
+                            horizon=run_horizon(s.steps, n), hold=True)
         for r in recs:
             assert r["beta"] == ctrl.value and r["kl_unit"] == s.unit
-            ctrl.update(r["kl"], n_steps=s.prompts_per_step * s.completions_per_prompt)
+            ctrl.update(r["kl"], n_steps=n)
             assert r["beta_after"] == ctrl.value
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert all(f"| {arm} | 1 |" in summary for arm in arms)
     assert (tmp_path / "report" / "report.html").is_file()
-    assert "report:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "report:" in out and "against the target 0.05" in out
 
 
+@pytest.mark.slow  # 200 GRPO steps (about 40 s)
 def test_trl_minimal_drives_beta_with_a_controller(tmp_path):
     """examples/trl_minimal.py as its docstring runs it (on a tiny local model): GRPO trains
-    8 steps and beta leaves its start, as the proportional rule moves it."""
+    200 steps and the last line sets the second-half KL beside the target."""
     pytest.importorskip("trl")
     import subprocess
     import sys
@@ -118,8 +123,9 @@ def test_trl_minimal_drives_beta_with_a_controller(tmp_path):
     done = subprocess.run([sys.executable, str(EXAMPLES / "trl_minimal.py"), str(model)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("beta after 8 steps: ")]
-    assert float(line.split(": ")[1].split()[0]) != 0.04
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("second-half KL ")]
+    assert "nats/token against the target 0.05" in line and "after 200 steps" in line
+    assert float(line.split()[2]) >= 0  # (the test's tiny model need not reach the target)
 
 
 

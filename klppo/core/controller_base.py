@@ -26,6 +26,11 @@ class UpdateInfo:
     beta_before: float
     beta_after: float
     n_steps: int
+    at_bound: str | None = None
+    """``"beta_max"`` / ``"beta_min"`` when the rule asked for a beta beyond that bound in the
+    direction the error pushes (the target is out of reach within the bounds), else None."""
+    held: bool = False
+    """True when beta was held because the KL has not yet reached the target (``hold``)."""
 
     @property
     def beta_change(self) -> float:
@@ -58,6 +63,11 @@ class KLController:
         target: target KL (> 0), in the unit of the KL the caller will feed.
         beta_min: lower bound on beta (default 0).
         beta_max: upper bound on beta (default inf).
+        hold: hold beta until the observed KL first reaches the target. A KL to a reference
+            starts at 0 and ramps up as the policy moves: a rule fed that ramp lowers beta
+            update after update (to its floor, with a short horizon) before the policy has
+            moved, and the KL then overshoots while beta climbs back. With ``hold`` the rule
+            starts once the KL first reaches the target (see docs/algorithms.md).
     """
 
     name: ClassVar[str] = "base"
@@ -69,8 +79,11 @@ class KLController:
         target: float | None = None,
         beta_min: float = 0.0,
         beta_max: float = math.inf,
+        hold: bool = False,
     ) -> None:
         cls = type(self).__name__
+        if not isinstance(hold, bool):
+            raise ValueError(f"{cls}: hold must be True or False, got hold={hold!r}")
         if target is None:
             if self.requires_target:
                 raise ValueError(f"{cls}: target is required, got target=None")
@@ -93,6 +106,8 @@ class KLController:
         self._beta = self._clamp(beta)
         self.info: UpdateInfo | None = None
         self.num_updates = 0
+        self.hold = hold
+        self.reached = False  # the observed KL has reached the target (for ``hold``)
 
     # ------------------------------------------------------------------ interface
     @property
@@ -114,7 +129,10 @@ class KLController:
             raise ValueError(f"n_steps must be >= 1, got n_steps={n_steps!r}")
         before = self._beta
         raw_error = None if self.target is None else d / self.target - 1.0
-        proposed, clipped = self._next_beta(d, n)
+        if self.target is not None and d >= self.target:
+            self.reached = True
+        held = self.hold and not self.reached
+        proposed, clipped = (before, False) if held else self._next_beta(d, n)
         self._beta = self._clamp(proposed)
         self.num_updates += 1
         self.info = UpdateInfo(
@@ -125,8 +143,20 @@ class KLController:
             beta_before=before,
             beta_after=self._beta,
             n_steps=n,
+            at_bound=self._bound_hit(proposed, raw_error),
+            held=held,
         )
         return self._beta
+
+    def _bound_hit(self, proposed: float, error: float | None) -> str | None:
+        """The bound that stopped beta where the error asks for more of the same direction."""
+        if error is None:
+            return None
+        if error > 0 and proposed >= self.beta_max:
+            return "beta_max"
+        if error < 0 and proposed <= self.beta_min:
+            return "beta_min"
+        return None
 
     def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:  # pragma: no cover
         raise NotImplementedError
@@ -148,6 +178,7 @@ class KLController:
             "beta": self._beta,
             "num_updates": self.num_updates,
             "info": None if self.info is None else asdict(self.info),
+            "reached": self.reached,
             **self._extra_state(),
         }
 
@@ -159,6 +190,7 @@ class KLController:
         self._beta = float(state["beta"])
         self.num_updates = int(state["num_updates"])
         self.info = None if state.get("info") is None else UpdateInfo(**state["info"])
+        self.reached = bool(state.get("reached", False))
         self._load_extra_state(state)
 
     def __repr__(self) -> str:

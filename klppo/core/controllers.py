@@ -41,6 +41,7 @@ __all__ = [
     "StepKL",
     "ProportionalKL",
     "proportional_zeroing_steps",
+    "run_horizon",
     "ExponentialKL",
     "PIDKL",
     "STEP_PRESETS",
@@ -106,6 +107,7 @@ class StepKL(KLController):
         increase: float | None = None,
         decrease: float | None = None,
         preset: StepPreset | None = "ppo_paper",
+        hold: bool = False,
     ) -> None:
         if preset is not None and preset not in STEP_PRESETS:
             raise ValueError(
@@ -137,6 +139,7 @@ class StepKL(KLController):
             target=opts["target"],
             beta_min=opts.get("beta_min", 0.0),
             beta_max=opts.get("beta_max", math.inf),
+            hold=hold,
         )
 
     def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
@@ -167,10 +170,12 @@ class ProportionalKL(KLController):
         beta_max: float = math.inf,
         horizon: float = 10000.0,
         clip: float = 0.2,
+        hold: bool = False,
     ) -> None:
         self.horizon = _positive("ProportionalKL", "horizon", horizon)
         self.clip = _positive("ProportionalKL", "clip", clip)
-        super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max)
+        super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max,
+                         hold=hold)
 
     def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
         raw = d / self.target - 1.0
@@ -189,6 +194,32 @@ def proportional_zeroing_steps(horizon: float | None = None, clip: float | None 
     return h / c
 
 
+#: :func:`run_horizon`: beta can move by a factor ``e^RUN_HORIZON_LOG_RANGE`` (about 20) at full
+#: error within ``RUN_HORIZON_FRACTION`` of a run's updates, and by at most ``1 +
+#: RUN_HORIZON_MAX_STEP`` in one update
+RUN_HORIZON_LOG_RANGE = 3.0
+RUN_HORIZON_FRACTION = 0.25
+RUN_HORIZON_MAX_STEP = 0.5
+
+
+def run_horizon(updates: int, samples_per_update: int, clip: float = 0.2) -> float:
+    """A :class:`ProportionalKL` horizon derived from a run's length and batch.
+
+    Ziegler's horizon is in samples (trlx: 10000 with 512-sample updates: beta moves 0.4% per
+    update at most), sized for runs of thousands of updates. A run of ``updates`` updates of
+    ``samples_per_update`` samples gets the horizon ``H`` under which ``RUN_HORIZON_FRACTION`` of
+    its updates at full error (``clip``) move beta by a factor ``e^RUN_HORIZON_LOG_RANGE``:
+    ``(1 + clip * n / H) ^ (f * U) = e^L``, so ``n / H = (e^(L / (f U)) - 1) / clip``, capped at
+    ``RUN_HORIZON_MAX_STEP / clip`` (beta moves by at most 1.5x, or 0.5x, per update)."""
+    u, n = int(updates), int(samples_per_update)
+    if u < 1 or n < 1:
+        raise ValueError(f"run_horizon: updates and samples_per_update must be >= 1, got "
+                         f"updates={updates!r}, samples_per_update={samples_per_update!r}")
+    c = _positive("run_horizon", "clip", clip)
+    step = math.expm1(RUN_HORIZON_LOG_RANGE / (RUN_HORIZON_FRACTION * u))
+    return n * c / min(step, RUN_HORIZON_MAX_STEP)
+
+
 class ExponentialKL(KLController):
     """``beta *= exp(gain * (d - target))``, clamped to ``[1e-4, 10]`` by default."""
 
@@ -202,9 +233,11 @@ class ExponentialKL(KLController):
         beta_min: float = 1e-4,
         beta_max: float = 10.0,
         gain: float = 0.1,
+        hold: bool = False,
     ) -> None:
         self.gain = _positive("ExponentialKL", "gain", gain)
-        super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max)
+        super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max,
+                         hold=hold)
 
     def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
         x = min(self.gain * (d - self.target), 700.0)  # exp overflow guard; clamped below anyway
@@ -237,6 +270,7 @@ class PIDKL(KLController):
         kd: float = 0.0,
         p_ema: float = 0.0,
         d_ema: float = 0.0,
+        hold: bool = False,
     ) -> None:
         for gname, g in (("kp", kp), ("ki", ki), ("kd", kd)):
             if not (math.isfinite(float(g)) and float(g) >= 0):
@@ -246,7 +280,8 @@ class PIDKL(KLController):
                 raise ValueError(f"PIDKL: {ename} must be in [0, 1), got {ename}={e!r}")
         self.kp, self.ki, self.kd = float(kp), float(ki), float(kd)
         self.p_ema, self.d_ema = float(p_ema), float(d_ema)
-        super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max)
+        super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max,
+                         hold=hold)
         self.integral = self._beta
         self._delta_s: float | None = None
         self._d_s: float | None = None

@@ -200,3 +200,64 @@ def test_proportional_without_target_is_fixed_like_trlx():
     assert isinstance(c, ProportionalKL) and not is_fixed_fallback("proportional", {"target": 6})
     with pytest.raises(ValueError, match="horizon"):
         make_controller("proportional", horizon=0)
+
+
+# ---------------------------------------------------------------- hold, bounds, run horizon
+def test_hold_keeps_beta_until_the_kl_first_reaches_the_target_then_is_the_plain_rule():
+    from klppo.core.controllers import ProportionalKL
+
+    ramp = [0.0, 0.01, 0.03, 0.049]
+    after = [0.08, 0.02, 0.05, 0.2, 0.01]
+    held = ProportionalKL(beta=0.5, target=0.05, horizon=8, hold=True)
+    for d in ramp:
+        assert held.update(d, 8) == 0.5 and held.info.held
+    plain = ProportionalKL(beta=0.5, target=0.05, horizon=8)
+    for d in after:  # from the first reading at the target on, the same numbers as the rule
+        assert held.update(d, 8) == plain.update(d, 8)
+        assert not held.info.held
+    # the state carries whether the target was reached
+    again = ProportionalKL(beta=0.5, target=0.05, horizon=8, hold=True)
+    again.load_state_dict(held.state_dict())
+    assert again.reached and again.update(0.01, 8) == plain.update(0.01, 8)
+
+
+def test_without_hold_the_ramp_lowers_beta():
+    from klppo.core.controllers import ProportionalKL
+
+    c = ProportionalKL(beta=0.5, target=0.05, horizon=8)
+    c.update(0.0, 8)
+    assert c.value == pytest.approx(0.5 * 0.8) and not c.info.held
+
+
+@pytest.mark.parametrize("name, options", [
+    ("proportional", {"horizon": 1.0}), ("exponential", {"gain": 100.0}), ("step", {}),
+    ("pid", {"ki": 100.0})])
+def test_a_rule_pressing_on_a_bound_says_which(name, options):
+    c = make_controller(name, beta=1.0, target=0.05, beta_min=0.5, beta_max=2.0, **options)
+    for _ in range(20):
+        c.update(1.0)  # far above the target: beta rises to beta_max and stays
+    assert c.value == 2.0 and c.info.at_bound == "beta_max"
+    for _ in range(40):
+        c.update(0.0)  # far below: down to beta_min
+    assert c.value == 0.5 and c.info.at_bound == "beta_min"
+    c.update(0.05)
+    assert c.info.at_bound is None
+
+
+def test_run_horizon_moves_beta_twentyfold_in_a_quarter_of_the_run():
+    import math
+
+    from klppo.core.controllers import ProportionalKL, run_horizon
+
+    for updates, n in [(200, 8), (1000, 64), (64, 32)]:
+        h = run_horizon(updates, n)
+        c = ProportionalKL(beta=1.0, target=0.05, horizon=h, beta_max=1e9)
+        for _ in range(updates // 4):
+            c.update(1.0, n)  # the error clipped at +0.2 every update
+        assert math.log(c.value) == pytest.approx(3.0, rel=1e-9)
+    # short runs: at most 1.5x per update
+    h = run_horizon(8, 16)
+    c = ProportionalKL(beta=1.0, target=0.05, horizon=h)
+    assert c.update(1.0, 16) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="updates and samples_per_update must be >= 1"):
+        run_horizon(0, 8)

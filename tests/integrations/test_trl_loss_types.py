@@ -170,7 +170,7 @@ def test_the_fed_kl_is_trls_term_over_whole_optimiser_steps(loss_type, window, l
     model = trainer.model
     model.train()
     terms, per_call_kl = [], []
-    for inputs, weights, call_ga, _, beta_used in calls:
+    for inputs, weights, call_ga, _, _ in calls:
         model.load_state_dict(weights)
         trainer.current_gradient_accumulation_steps = call_ga
         losses = []

@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from klppo.core.controllers import KLController, make_controller
+from klppo.core.controllers import KLController, ProportionalKL, make_controller, run_horizon
 from klppo.core.kl_gradient_claims import KL_NAMES, KLGradientWarning
 from klppo.integrations.trl import state as S
 from klppo.integrations.trl.grpo_kl import KLTap
@@ -34,7 +34,11 @@ from klppo.runs.typecheck import short_repr
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KLControlCallback", "attach", "PREFIX"]
+__all__ = ["KLControlCallback", "ControllerBoundWarning", "attach", "PREFIX"]
+
+
+class ControllerBoundWarning(UserWarning):
+    """The controller asks for a beta beyond its bounds: the KL target is out of its reach."""
 
 #: prefix of the metrics the callback adds to the trainer's logs
 PREFIX = "klppo/"
@@ -55,9 +59,11 @@ class KLControlCallback(TrainerCallback):
     """
 
     def __init__(self, trainer: Any, controller: KLController, unit: str,
-                 spec: TrainerKL, tap: KLTap | None = None) -> None:
+                 spec: TrainerKL, tap: KLTap | None = None, auto_horizon: bool = False) -> None:
         self.trainer, self.controller, self.unit, self.spec = trainer, controller, unit, spec
         self.tap = tap
+        self.auto_horizon = auto_horizon
+        self._at_bound: str | None = None
         self.penalised_unit = penalised_unit(spec, trainer.args)
         self.history: list[dict[str, Any]] = []
         self._last_update_step = 0
@@ -65,6 +71,8 @@ class KLControlCallback(TrainerCallback):
 
     # ------------------------------------------------------------------ events
     def on_train_begin(self, args, state, control, **kwargs):
+        if self.auto_horizon:
+            self._derive_horizon(args, state)
         if state.global_step > 0:
             self._restore(Path(args.output_dir) / f"checkpoint-{state.global_step}",
                           state.global_step)
@@ -78,11 +86,13 @@ class KLControlCallback(TrainerCallback):
         if not logs or "loss" not in logs:  # evaluation logs and the end-of-training summary
             return
         rec = self._update(args, state, logs)
+        self._warn_at_bound(rec)
         numbers = {f"{PREFIX}{k}": rec[k] for k in ("kl", "kl_penalised", "kl_target", "beta",
                                                     "beta_next",
                                                     "relative_error", "error_clipped",
-                                                    "mean_length", "n_steps", "updated")
-                   if rec[k] is not None}
+                                                    "mean_length", "n_steps", "updated",
+                                                    "held", "at_bound")
+                   if rec.get(k) is not None}
         logs.update(numbers)  # the reporters after this callback (attach puts it first) see them
         last = state.log_history[-1] if state.log_history else None
         if last is not None and last.get("step") == state.global_step and \
@@ -101,6 +111,34 @@ class KLControlCallback(TrainerCallback):
                              "controller": self.controller.state_dict()})
 
     # ------------------------------------------------------------------ pieces
+    def _samples_per_update(self, args: Any) -> int:
+        return int(args.logging_steps * args.per_device_train_batch_size
+                   * args.gradient_accumulation_steps * args.world_size)
+
+    def _derive_horizon(self, args: Any, state: Any) -> None:
+        """``horizon="auto"``: :func:`~klppo.core.controllers.run_horizon` of this run's
+        updates (one per log) and samples per update."""
+        ctrl = self.controller
+        assert isinstance(ctrl, ProportionalKL)
+        updates = max(1, int(state.max_steps) // max(1, int(args.logging_steps)))
+        ctrl.horizon = run_horizon(updates, self._samples_per_update(args), ctrl.clip)
+        log.info("klppo: proportional horizon %.4g samples (%d updates of %d samples: beta can "
+                 "move by a factor of 20 in a quarter of the run)", ctrl.horizon, updates,
+                 self._samples_per_update(args))
+
+    def _warn_at_bound(self, rec: dict[str, Any]) -> None:
+        """One warning each time the controller starts pressing on a bound of beta."""
+        bound = {1: "beta_max", -1: "beta_min"}.get(rec.get("at_bound") or 0)
+        if bound is not None and bound != self._at_bound:
+            value = getattr(self.controller, bound)
+            warnings.warn(
+                f"klppo: step {rec['step']}: the controller asks for beta beyond {bound}="
+                f"{value:g} (KL {rec['kl']:.4g} against the target {rec['kl_target']:g} "
+                f"{self.unit}): the target is out of reach within the bounds; widen {bound} "
+                "or change the target or the learning rate (docs/algorithms.md)",
+                ControllerBoundWarning, stacklevel=2)
+        self._at_bound = bound
+
     def _identity(self) -> dict[str, Any]:
         return {"trainer": self.spec.name, "unit": self.unit, "estimator": self.spec.estimator,
                 "settings": S.settings_of(self.controller)}
@@ -158,7 +196,9 @@ class KLControlCallback(TrainerCallback):
         info = ctrl.info
         assert info is not None
         rec.update(kl=observed, beta_next=ctrl.value, relative_error=info.relative_error,
-                   error_clipped=float(info.error_clipped), n_steps=n, updated=1)
+                   error_clipped=float(info.error_clipped), n_steps=n, updated=1,
+                   held=int(info.held),
+                   at_bound={"beta_max": 1, "beta_min": -1}.get(info.at_bound or "", 0))
         self.history.append(rec)
         return rec
 
@@ -171,7 +211,12 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
         trainer: the TRL trainer, built with its initial beta > 0.
         controller: a :class:`~klppo.core.controllers.KLController`, or a controller name for
             :func:`~klppo.core.controllers.make_controller` with ``options`` (``beta`` defaults
-            to the trainer's). Its target is in ``unit``, nats of KL(policy || reference).
+            to the trainer's). Its target is in ``unit``, nats of KL(policy || reference). A
+            controller built by name holds beta until the KL first reaches the target
+            (``hold=True``; pass ``hold=False`` to feed it the ramp from 0), and
+            ``proportional`` without a ``horizon`` (or ``horizon="auto"``) gets one derived from
+            the run when training starts: beta can move by a factor of 20 within a quarter of
+            the run's updates (:func:`~klppo.core.controllers.run_horizon`).
         unit: the unit of the target and of the KL fed to the controller; default: the unit
             beta multiplies (GRPO: its ``loss_type``'s, see ``docs/integrations.md``; RLOO:
             ``per_sequence_sum``). GRPO serves every unit of
@@ -182,8 +227,10 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
     Returns the callback, inserted right after transformers' flow callback so the log
     reporters (TensorBoard, W&B, the progress printer) see the ``klppo/*`` metrics.
     Raises :class:`TRLIntegrationError` (one line) for anything that cannot work, before
-    training starts; warns (:class:`~klppo.core.kl_gradient_claims.KLGradientWarning`) when
-    GRPO's KL term descends, per token, another KL than KL(policy || reference).
+    training starts; warns (:class:`ControllerBoundWarning`) when the controller asks for a beta
+    beyond ``beta_min`` / ``beta_max`` (the target is out of reach within the bounds); warns
+    (:class:`~klppo.core.kl_gradient_claims.KLGradientWarning`) when GRPO's KL term descends,
+    per token, another KL than KL(policy || reference).
     """
     spec = resolve(trainer)
     check_internals(spec.class_name)
@@ -193,16 +240,33 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
         raise TRLIntegrationError("logging_strategy='no': the controller is fed on each log")
     if spec.name == "grpo":
         _check_grpo_gradient(trainer.args)
+    auto = isinstance(controller, str) and controller == "proportional" and \
+        options.get("horizon", "auto") == "auto"
+    if isinstance(controller, str):
+        options = _string_defaults(controller, options)
     ctrl = _controller(trainer, spec, controller, options)
     if any(isinstance(c, KLControlCallback) for c in trainer.callback_handler.callbacks):
         raise TRLIntegrationError(f"{spec.class_name}: a klppo controller is already attached")
     tap = KLTap(trainer) if spec.name == "grpo" else None
-    cb = KLControlCallback(trainer, ctrl, unit, spec, tap)
+    cb = KLControlCallback(trainer, ctrl, unit, spec, tap, auto_horizon=auto)
     callbacks = trainer.callback_handler.callbacks
     first = next((i + 1 for i, c in enumerate(callbacks)
                   if type(c).__name__ == "DefaultFlowCallback"), 0)
     callbacks.insert(first, cb)
     return cb
+
+
+def _string_defaults(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A controller built by name holds beta until the KL first reaches its target
+    (``hold``; the KL to the reference starts at 0); ``proportional`` without a horizon, or
+    with ``horizon="auto"``, gets one derived from the run's length and batch when training
+    starts (:func:`~klppo.core.controllers.run_horizon`; 10000 until then)."""
+    out = dict(options)
+    if name != "fixed" and out.get("target") is not None:
+        out.setdefault("hold", True)
+    if name == "proportional" and out.get("horizon", "auto") == "auto":
+        out["horizon"] = 10000.0
+    return out
 
 
 def _check_unit(spec: TrainerKL, args: Any, unit: Any) -> None:
