@@ -261,6 +261,9 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
         except TypeCheckError as e:
             raise ConfigError(str(e)) from None
     check_ranges(c)  # the ranges in the fields' metadata
+    from klppo.lm.bounds import check_rlhf
+
+    check_rlhf(c)
     if c.batch_size % c.minibatch_size:
         raise _bad("minibatch_size", c.minibatch_size, f"must divide batch_size={c.batch_size}")
     if not c.beta_max > c.beta_min or math.isnan(c.beta_max):

@@ -24,6 +24,12 @@ log = logging.getLogger(__name__)
 __all__ = ["PretrainConfig", "validate_pretrain", "pretrain", "perplexity", "encode"]
 
 
+#: what ``pretrain`` writes into ``out`` (Hugging Face's model and tokenizer files, the result)
+OUTPUTS = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+           "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+           "pretrain.json")
+
+
 @dataclass
 class PretrainConfig:
     out: str = "runs/lm/base"
@@ -67,8 +73,16 @@ def validate_pretrain(cfg: PretrainConfig) -> PretrainConfig:
         except TypeCheckError as e:
             raise ConfigError(str(e)) from None
     check_ranges(cfg)
+    from klppo.lm.bounds import check_pretrain
+
+    check_pretrain(cfg)
     if cfg.n_embd % cfg.n_head:
         raise ConfigError(f"n_embd={cfg.n_embd!r}: must be a multiple of n_head={cfg.n_head}")
+    from klppo.runs.owned import owned_reason
+
+    reason = owned_reason(cfg.out, OUTPUTS, "out")
+    if reason is not None:
+        raise ConfigError(reason)
     try:
         check_writable(cfg.out)
         resolve_device(cfg.device)

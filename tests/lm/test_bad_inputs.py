@@ -108,6 +108,23 @@ RLHF_CASES = {
     "flag_beta_above_max": (_flags("--beta-max", "0.05"), ["beta=0.1", "beta_max"]),
     "flag_horizon_zero": (_flags("--horizon", "0"), ["horizon=0.0", "> 0"]),
     "flag_too_long_for_model": (_flags("--response-len", "200"), ["response_len=200", "160"]),
+    # sizes bounded before anything is allocated (klppo.lm.bounds)
+    "flag_batch_huge": (_flags("--batch-size", "1000000000"),
+                        ["batch_size=1000000000", "at most 4,096"]),
+    "flag_epochs_huge": (_flags("--ppo-epochs", "1000000000"),
+                         ["ppo_epochs=1000000000", "at most 10,000"]),
+    "flag_iterations_huge": (_flags("--iterations", "100000000"),
+                             ["iterations=100000000", "at most 10,000,000"]),
+    "flag_batch_tokens": (_flags("--batch-size", "4096", "--minibatch-size", "8"),
+                          ["batch_size * (prompt_len + response_len)=163840", "131,072 tokens"]),
+    "flag_eval_windows_huge": (_flags("--eval-windows", "100000"),
+                               ["eval_windows=100000", "at most 4,096"]),
+    # a correction with nothing to correct (every weight 1)
+    "flag_correction_without_mismatch": (_flags("--mismatch-correction", "tis"),
+                                         ["mismatch_correction='tis'", "needs a sampler"]),
+    "flag_reject_not_m2po": (_flags("--staleness", "1", "--mismatch-correction", "tis",
+                                    "--mismatch-reject", "5"),
+                             ["mismatch_reject=5.0", "only the m2po correction"]),
     # --model
     "model_missing": (lambda tmp, m: ["--model", str(tmp / "nope")],
                       ["model=", "nope", "no such directory"]),
@@ -154,6 +171,20 @@ PRETRAIN_CASES = {
     "unknown_flag": (["--epochs", "3"], ["--epochs"]),
     "out_is_file": (["--out", "{tmp}/f"], ["out=", "not a directory"]),
     "out_under_file": (["--out", "{tmp}/f/model"], ["out=", "is a file"]),
+    # sizes bounded before anything is allocated (klppo.lm.bounds)
+    "batch_size_huge": (["--batch-size", "1000000000"], ["batch_size=1000000000", "4,096"]),
+    "seq_len_huge": (["--seq-len", "1000000000"], ["seq_len=1000000000", "at most 2,048"]),
+    "tokens_per_step": (["--batch-size", "4096", "--seq-len", "2048"],
+                        ["batch_size * seq_len=8388608", "131,072 tokens"]),
+    "vocab_huge": (["--vocab-size", "1000000000"], ["vocab_size=1000000000", "65,536"]),
+    "n_embd_huge": (["--n-embd", "1000000"], ["n_embd=1000000", "at most 4,096"]),
+    "n_layer_huge": (["--n-layer", "100000"], ["n_layer=100000", "at most 64"]),
+    "parameters_huge": (["--n-embd", "4096", "--n-layer", "64", "--n-head", "64"],
+                        ["n_embd, n_layer, vocab_size=(4096, 64, 2048)", "parameters"]),
+    "steps_huge": (["--steps", "100000000"], ["steps=100000000", "at most 10,000,000"]),
+    # the one writer that lacked the ownership check: a run's exported policy is the run's
+    "out_is_a_runs_policy": (["--out", "{tmp}/run/policy"],
+                             ["out=", "policy/ belongs to the run", "its exported policy"]),
 }
 
 
@@ -161,6 +192,10 @@ PRETRAIN_CASES = {
 def test_pretrain_bad_input(case, tmp_path, capsys):
     flags, needles = PRETRAIN_CASES[case]
     (tmp_path / "f").write_text("x")
+    (tmp_path / "run" / "policy").mkdir(parents=True)  # a run with an exported policy
+    (tmp_path / "run" / "config.yaml").write_text("kind: rlhf\n")
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"iteration": 1}\n')
+    (tmp_path / "run" / "policy" / "config.json").write_text("{}")
     flags = [f.format(tmp=tmp_path) for f in flags]
     if "--out" not in flags:
         flags += ["--out", str(tmp_path / "model")]
