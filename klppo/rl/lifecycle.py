@@ -155,8 +155,11 @@ def check_resume(run_dir: Path, cfg: TrainConfig, state: dict[str, Any] | None,
     ``extending``: the resume sets a new total, so :data:`EXTENSION_FIELDS` may differ."""
     _check_metadata(run_dir)
     if state is None:
+        # the metrics line of an iteration is written before its checkpoint: a run stopped in
+        # between (kill, full disk) holds up to checkpoint_every lines and no checkpoint, and
+        # restarts from scratch; more lines mean a checkpoint was written and is gone
         done = [r["iteration"] for r in metrics_records(run_dir / "metrics.jsonl")]
-        if done and max(done) >= cfg.checkpoint_every:
+        if done and max(done) > cfg.checkpoint_every:
             raise ResumeError(f"{run_dir / 'checkpoint.pt'}: missing, but metrics.jsonl holds "
                               f"iteration {max(done)} (a checkpoint is written every "
                               f"{cfg.checkpoint_every}); restore checkpoint.pt, or delete "

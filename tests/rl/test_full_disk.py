@@ -56,8 +56,9 @@ def _strip(rows):
 
 
 #: (iteration after which the disk fills, bytes left free, checkpoint_every): the checkpoint
-#: write fails (the first three), or a metrics line half way (the last, before any checkpoint)
-CASES = [(2, 0, 1), (2, 4096, 1), (2, 100_000, 1), (1, 0, 4)]
+#: write fails (the first three; the fourth and fifth: the first checkpoint, after the first
+#: metrics line), or a metrics line half way (the last, before any checkpoint)
+CASES = [(2, 0, 1), (2, 4096, 1), (2, 100_000, 1), (1, 0, 1), (1, 4096, 1), (1, 0, 4)]
 
 
 @pytest.mark.parametrize("at, leave, every", CASES)

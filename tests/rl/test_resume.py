@@ -298,3 +298,40 @@ def test_a_second_signal_while_the_envs_close_leaves_the_stopped_runs_status(tmp
         rl.train(cfg, on_iteration=stop_at_2)
     status = json.loads((tmp_path / "r" / "status.json").read_text())
     assert status["state"] == "interrupted" and status["iteration"] == 2
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_a_run_stopped_before_its_first_checkpoint_restarts_and_equals_the_whole_run(tmp_path,
+                                                                                   group):
+    """The window between the first metrics line and the first checkpoint (a kill, a full
+    disk): metrics.jsonl holds iteration 1, there is no checkpoint.pt. The resume starts the
+    run again, as the failure message promises, and ends with the uninterrupted run's metrics;
+    a run whose metrics go past the first checkpoint's iteration and has none is refused."""
+    args = ["--total-steps", "2048", "--checkpoint-every", "1", "--no-tensorboard"]
+    assert main(["train", "--preset", "klip/cartpole", *args, "--out",
+                 str(tmp_path / "full")]) == 0
+    full = metrics(tmp_path / "full")
+    run = tmp_path / "cut"
+    shutil.copytree(tmp_path / "full", run)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(lines[0] + "\n")
+    (run / "checkpoint.pt").unlink()
+    status = json.loads((run / "status.json").read_text())
+    (run / "status.json").write_text(json.dumps({**status, "state": "running"}))
+    if group:  # a group of two: the cut run beside a fresh copy of the same config
+        from klppo.rl.engine.rundirs import train_group
+
+        twin = tmp_path / "twin"
+        twin.mkdir()
+        shutil.copy(run / "config.yaml", twin / "config.yaml")
+        assert [r.status for r in train_group([run, twin])] == ["finished", "finished"]
+        assert metrics(twin) == full
+    else:
+        assert rl.resume(run).status == "finished"
+    assert metrics(run) == full
+    gone = tmp_path / "gone"
+    shutil.copytree(tmp_path / "full", gone)
+    (gone / "checkpoint.pt").unlink()
+    with pytest.raises(rl.ResumeError, match="checkpoint.pt: missing, but metrics.jsonl holds "
+                                             "iteration 4"):
+        rl.resume(gone)
