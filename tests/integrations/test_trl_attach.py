@@ -165,3 +165,18 @@ def test_resume_without_or_with_another_controller_state_is_refused(lm_dir, tmp_
     attach(again, "proportional", unit="per_token_mean", **OK)
     with pytest.raises(RuntimeError, match="no klppo controller state"):
         again.train(resume_from_checkpoint=str(ckpt))
+
+
+def test_a_moving_reference_is_refused(lm_dir, tmp_path):
+    """TRL's sync_ref_model and the experimental BEMA reference callback move the reference
+    during training: the KL the target is about restarts, so attach refuses."""
+    trainer = make_trainer("grpo", lm_dir, tmp_path / "s", sync_ref_model=True,
+                           ref_model_sync_steps=4)
+    _refused(trainer, r"sync_ref_model=True: TRL moves the reference towards the policy every "
+                      r"ref_model_sync_steps=4 steps", target=0.5, beta_min=1e-3)
+    from trl.experimental.bema_for_ref_model import BEMACallback
+
+    trainer = make_trainer("grpo", lm_dir, tmp_path / "b")
+    trainer.add_callback(BEMACallback(update_ref_model=True))
+    _refused(trainer, r"BEMACallback from trl.experimental.bema_for_ref_model", target=0.5,
+             beta_min=1e-3)

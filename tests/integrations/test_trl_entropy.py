@@ -67,3 +67,12 @@ def test_what_cannot_work_is_refused(lm_dir, tmp_path):
                                     use_adaptive_entropy=True), **RULE)
     with pytest.raises(TRLIntegrationError, match=r"RLOOTrainer has none"):
         attach_entropy(make_trainer("rloo", lm_dir, tmp_path / "c"), **RULE)
+
+
+def test_a_bonus_over_the_top_entropy_tokens_only_is_refused(lm_dir, tmp_path):
+    """top_entropy_quantile < 1: the bonus runs over the entropy mask, the logged entropy over
+    every token; the controller would read another entropy than the one its coefficient
+    multiplies."""
+    with pytest.raises(TRLIntegrationError, match=r"top_entropy_quantile=0.5: TRL's entropy bonus"):
+        attach_entropy(make_trainer("grpo", lm_dir, tmp_path / "q", entropy_coef=0.01,
+                                    top_entropy_quantile=0.5), **RULE)

@@ -238,6 +238,7 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
     _check_unit(spec, trainer.args, unit)
     if trainer.args.logging_strategy == "no":
         raise TRLIntegrationError("logging_strategy='no': the controller is fed on each log")
+    _check_reference(trainer)
     if spec.name == "grpo":
         _check_grpo_gradient(trainer.args)
     auto = isinstance(controller, str) and controller == "proportional" and \
@@ -267,6 +268,24 @@ def _string_defaults(name: str, options: dict[str, Any]) -> dict[str, Any]:
     if name == "proportional" and out.get("horizon", "auto") == "auto":
         out["horizon"] = 10000.0
     return out
+
+
+def _check_reference(trainer: Any) -> None:
+    """A reference that moves during training (TRL's ``sync_ref_model``, the experimental BEMA
+    reference callback) resets the KL the target is about every few steps, and a controller's
+    state (a PID integral, a proportional rule's beta) would chase those resets: refused."""
+    if getattr(trainer.args, "sync_ref_model", False):
+        raise TRLIntegrationError(
+            "sync_ref_model=True: TRL moves the reference towards the policy every "
+            f"ref_model_sync_steps={getattr(trainer.args, 'ref_model_sync_steps', '?')} steps, so "
+            "the KL the target is about restarts near 0 each time; a controller cannot hold it "
+            "(klppo rlhf --ref-reset-every keeps the controller across resets)")
+    for c in trainer.callback_handler.callbacks:
+        if type(c).__module__.startswith("trl.experimental.bema_for_ref_model"):
+            raise TRLIntegrationError(
+                f"{type(c).__name__} from trl.experimental.bema_for_ref_model: it replaces the "
+                "reference model with the policy's moving average during training, so the KL "
+                "the target is about moves with it; remove it or the controller")
 
 
 def _check_unit(spec: TrainerKL, args: Any, unit: Any) -> None:

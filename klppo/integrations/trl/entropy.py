@@ -97,6 +97,12 @@ def attach_entropy(trainer: Any, rule: str = "proportional", *, target: float,
     if missing:
         raise TRLIntegrationError(f"trl=={trl.__version__}: GRPOTrainer._compute_loss lacks "
                                   f"{missing[0]!r}, which the entropy control relies on")
+    quantile = float(getattr(trainer.args, "top_entropy_quantile", 1.0))
+    if quantile < 1.0:
+        raise TRLIntegrationError(
+            f"top_entropy_quantile={quantile}: TRL's entropy bonus then acts on the "
+            "highest-entropy tokens only, while the entropy it logs (and the controller would "
+            "read) is over every token; set it to 1.0 or leave the coefficient fixed")
     if trainer.use_adaptive_entropy:
         raise TRLIntegrationError("use_adaptive_entropy=True: TRL's own entropy rule would move "
                                   "the same coefficient; set it to False")
