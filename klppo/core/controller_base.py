@@ -183,14 +183,34 @@ class KLController:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; ``ValueError`` naming the field for a state that is not
+        a controller's of this rule (a wrong type, a beta that is not finite or lies outside
+        ``[beta_min, beta_max]``, a negative update count)."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state_dict must be a mapping, got {type(state).__name__}")
         if state.get("name") != self.name:
             raise ValueError(
                 f"state_dict is for controller {state.get('name')!r}, not {self.name!r}"
             )
-        self._beta = float(state["beta"])
-        self.num_updates = int(state["num_updates"])
-        self.info = None if state.get("info") is None else UpdateInfo(**state["info"])
-        self.reached = bool(state.get("reached", False))
+        beta = state.get("beta")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not \
+                math.isfinite(beta) or not self.beta_min <= beta <= self.beta_max:
+            raise ValueError(f"beta={beta!r}: must be a finite number in [beta_min, beta_max] = "
+                             f"[{self.beta_min}, {self.beta_max}]")
+        n = state.get("num_updates")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"num_updates={n!r}: must be an integer >= 0")
+        info = state.get("info")
+        if info is not None and not isinstance(info, dict):
+            raise ValueError(f"info={type(info).__name__}: must be a mapping or null")
+        reached = state.get("reached", False)
+        if not isinstance(reached, bool):
+            raise ValueError(f"reached={reached!r}: must be true or false")
+        try:
+            record = None if info is None else UpdateInfo(**info)
+        except TypeError as e:
+            raise ValueError(f"info: {e}") from None
+        self._beta, self.num_updates, self.info, self.reached = float(beta), n, record, reached
         self._load_extra_state(state)
 
     def __repr__(self) -> str:

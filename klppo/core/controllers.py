@@ -302,9 +302,18 @@ class PIDKL(KLController):
         return {"integral": self.integral, "delta_s": self._delta_s, "d_s": self._d_s}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
-        self.integral = float(state["integral"])
-        self._delta_s = state["delta_s"]
-        self._d_s = state["d_s"]
+        values = {}
+        for key in ("integral", "delta_s", "d_s"):
+            v = state.get(key)
+            optional = key != "integral"
+            if (v is None and optional) or (isinstance(v, (int, float)) and
+                                             not isinstance(v, bool) and math.isfinite(v)):
+                values[key] = None if v is None else float(v)
+            else:
+                raise ValueError(f"{key}={v!r}: must be a finite number"
+                                 + (" or null" if optional else ""))
+        self.integral = values["integral"]
+        self._delta_s, self._d_s = values["delta_s"], values["d_s"]
 
 
 #: name -> class. ``make_controller`` is the only dispatch on controller names.

@@ -18,7 +18,7 @@ from typing import Any
 
 from klppo.core.controllers import KLController
 
-__all__ = ["STATE_FILE", "FORMAT", "settings_of", "write_state", "read_state"]
+__all__ = ["STATE_FILE", "FORMAT", "settings_of", "write_state", "read_state", "load_controller"]
 
 STATE_FILE = "klppo_kl_controller.json"
 #: the format written by the TRL bridge (each bridge names its own)
@@ -41,6 +41,16 @@ def write_state(checkpoint: Path, state: dict[str, Any], fmt: str = FORMAT,
     return path
 
 
+def load_controller(controller: Any, state: dict[str, Any], checkpoint: Path,
+                    name: str = STATE_FILE) -> None:
+    """``controller.load_state_dict(state["controller"])``; ``RuntimeError`` (one line naming the
+    file and the field) when the saved controller is not a valid state of this rule."""
+    try:
+        controller.load_state_dict(state.get("controller"))
+    except (ValueError, TypeError, KeyError) as e:
+        raise RuntimeError(f"{checkpoint / name}: controller: {e}") from None
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -60,8 +70,9 @@ def read_state(checkpoint: Path, expect: dict[str, Any], fmt: str = FORMAT,
             "beta trajectory")
     try:
         state = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise RuntimeError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    except (OSError, ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
+        raise RuntimeError(f"{path}: unreadable ({why})") from None
     if not isinstance(state, dict) or state.get("format") != fmt:
         raise RuntimeError(f"{path}: not a {fmt} state file")
     for key, want in expect.items():

@@ -23,6 +23,8 @@ over the response. Needs no verl to import; ``docs/integrations.md`` says what w
 
 from __future__ import annotations
 
+import math
+import operator
 import os
 from pathlib import Path
 from typing import Any
@@ -65,10 +67,11 @@ class RewardKLControl:
     def update(self, current_kl: float, n_steps: int) -> None:
         """verl's call after each batch: the batch's KL (``per_sequence_mean``) and its number of
         responses."""
+        kl, n = _number("current_kl", current_kl), _count("n_steps", n_steps)
         beta = self.controller.value
-        self.controller.update(float(current_kl), n_steps=int(n_steps))
-        self.history.append({"kl": float(current_kl), "beta": beta,
-                             "beta_next": self.controller.value, "n_steps": int(n_steps)})
+        self.controller.update(kl, n_steps=n)
+        self.history.append({"kl": kl, "beta": beta, "beta_next": self.controller.value,
+                             "n_steps": n})
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint's state must match: the unit and the controller's rule and bounds."""
@@ -83,7 +86,31 @@ class RewardKLControl:
         """Restore the state saved in ``folder`` at ``global_step``; RuntimeError (one line
         naming the file) when it is missing or was written by another controller."""
         saved = S.read_state(folder, {**self.identity(), "global_step": global_step}, FORMAT)
-        self.controller.load_state_dict(saved["controller"])
+        S.load_controller(self.controller, saved, folder)
+
+
+def _number(name: str, v: Any) -> float:
+    """A finite real number, else :class:`VerlIntegrationError` naming the argument."""
+    if isinstance(v, bool):
+        raise VerlIntegrationError(f"{name}={v!r}: must be a finite number")
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise VerlIntegrationError(f"{name}={short_repr(v)}: must be a finite number") from None
+    if not math.isfinite(x):
+        raise VerlIntegrationError(f"{name}={x!r}: must be a finite number")
+    return x
+
+
+def _count(name: str, v: Any) -> int:
+    """An integer >= 1 (numpy and torch integers too), else :class:`VerlIntegrationError`."""
+    try:
+        n = operator.index(v)
+    except TypeError:
+        raise VerlIntegrationError(f"{name}={short_repr(v)}: must be an integer >= 1") from None
+    if isinstance(v, bool) or n < 1:
+        raise VerlIntegrationError(f"{name}={short_repr(v)}: must be an integer >= 1")
+    return n
 
 
 def _controller(controller: KLController | str, options: dict[str, Any]) -> KLController:
@@ -110,9 +137,10 @@ def attach(trainer: Any, controller: KLController | str, **options: Any) -> Rewa
     if not cfg.algorithm.use_kl_in_reward:
         raise VerlIntegrationError("algorithm.use_kl_in_reward=False: verl applies no reward-side "
                                    "KL, so there is no coefficient to drive")
-    ctrl = RewardKLControl(controller, **{"beta": float(cfg.algorithm.kl_ctrl.kl_coef), **options}
+    kl_coef = _number("algorithm.kl_ctrl.kl_coef", cfg.algorithm.kl_ctrl.kl_coef)
+    ctrl = RewardKLControl(controller, **{"beta": kl_coef, **options}
                            if isinstance(controller, str) else options)
-    if ctrl.value != float(cfg.algorithm.kl_ctrl.kl_coef):
+    if ctrl.value != kl_coef:
         raise VerlIntegrationError(
             f"controller beta={ctrl.value} but algorithm.kl_ctrl.kl_coef="
             f"{cfg.algorithm.kl_ctrl.kl_coef}: start the controller at the configured beta")

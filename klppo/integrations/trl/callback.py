@@ -145,8 +145,8 @@ class KLControlCallback(TrainerCallback):
 
     def _restore(self, ckpt: Path, step: int) -> None:
         saved = S.read_state(ckpt, {**self._identity(), "global_step": step})
-        self.controller.load_state_dict(saved["controller"])
-        self._last_update_step = int(saved["last_update_step"])
+        S.load_controller(self.controller, saved, ckpt)
+        self._last_update_step = _saved_step(saved, ckpt / S.STATE_FILE, step)
         log.info("klppo: controller restored from %s (beta %.6g after %d updates)", ckpt,
                  self.controller.value, self.controller.num_updates)
 
@@ -255,6 +255,16 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
                   if type(c).__name__ == "DefaultFlowCallback"), 0)
     callbacks.insert(first, cb)
     return cb
+
+
+def _saved_step(saved: dict[str, Any], path: Path, step: int) -> int:
+    """The saved ``last_update_step``: an integer in ``[0, step]``, else one line naming the
+    file."""
+    v = saved.get("last_update_step")
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= step:
+        raise RuntimeError(f"{path}: last_update_step={short_repr(v)}: must be an integer in "
+                           f"[0, {step}]")
+    return v
 
 
 def _string_defaults(name: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -43,7 +43,7 @@ class EntropyControlCallback(TrainerCallback):
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             saved = S.read_state(ckpt, self._identity(state.global_step), _FORMAT,
                                  ENTROPY_STATE_FILE)
-            self.control.load_state_dict(saved["controller"])
+            S.load_controller(self.control, saved, ckpt, ENTROPY_STATE_FILE)
             self._last_step = int(saved["last_update_step"])
         self.trainer.entropy_coef = self.control.value
 
