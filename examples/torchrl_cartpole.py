@@ -1,4 +1,5 @@
-"""Train CartPole-v1 with a TorchRL collector and a klppo loss (``pip install 'klppo[torchrl]'``).
+"""Train CartPole-v1 with a TorchRL collector and a klppo loss (the torchrl extra:
+``pip install -c constraints.txt -e '.[torchrl]'`` in the clone).
 
 Reads top to bottom in the usual phases: collect (TorchRL's collector on a GymEnv), advantages
 (TorchRL's GAE), update (a klppo loss on the TensorDict), controller (for ``--loss klpen``, once

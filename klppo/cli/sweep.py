@@ -11,6 +11,7 @@ from klppo.cli.errors import REPORTED, FlagError, fail, one_line
 from klppo.cli.flags import Once, name_arg, path_arg, yaml_value
 from klppo.cli.progress import Bar, Part, clock
 from klppo.runs.errors import InputError
+from klppo.runs.install import install_hint
 from klppo.runs.owned import container_reason
 
 if TYPE_CHECKING:
@@ -49,7 +50,8 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="local: a process pool on this machine (default); ray: one Ray task "
                         "per group (or per run with --engine process), on the cluster at "
-                        "RAY_ADDRESS or a local Ray instance (needs pip install 'klppo[ray]')")
+                        "RAY_ADDRESS or a local Ray instance (needs the ray extra: "
+                        f"{install_hint('ray')})")
     p.add_argument("--workers", type=int,
                    help="parallel workers (default: one per core, or per CPU of the Ray "
                         "cluster): local worker processes, or the Ray tasks a batched sweep "

@@ -11,13 +11,14 @@ import textwrap
 from klppo.cli.errors import REPORTED, fail, signal_exit, stopped_at_once
 from klppo.cli.flags import Once, int_in, path_arg
 from klppo.cli.progress import Bar, Part, clock
+from klppo.runs.install import install_hint
 
 DESCRIPTION = (
     "Tune a training config with Optuna: the search space (YAML, like a sweep spec: preset, "
     "base, space, seeds, trials, sampler, pruner) is sampled by TPE, each trial trains one run "
     "directory per seed under OUT/runs/ and is scored by the final return (the mean return of "
     "the episodes that ended in the last 10% of its steps); the median pruner stops trials "
-    "that fall behind. Needs pip install 'klppo[tune]'.")
+    f"that fall behind. Needs the tune extra: {install_hint('tune')}.")
 
 EPILOG = (
     "The study is kept in OUT/study.journal (Optuna's journal: JSON lines). Run the same "

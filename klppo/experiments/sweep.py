@@ -52,6 +52,7 @@ from klppo.experiments.sweep_spec import (
 from klppo.rl import config as C
 from klppo.runs import rundir as R
 from klppo.runs.configfile import InputError, read_text
+from klppo.runs.install import install_hint
 from klppo.runs.owned import container_reason
 from klppo.runs.typecheck import short_repr
 
@@ -278,7 +279,7 @@ def _ray_runner() -> _Runner:
     try:
         import ray
     except ImportError:
-        raise C.ConfigError("backend='ray': needs the ray extra: pip install 'klppo[ray]'") \
+        raise C.ConfigError(f"backend='ray': needs the ray extra: {install_hint('ray')}") \
             from None
     if not ray.is_initialized():  # before our signal handlers: ray.init installs its own
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

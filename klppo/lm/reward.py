@@ -15,6 +15,8 @@ import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from klppo.runs.install import install_hint
+
 __all__ = ["RewardFn", "VaderReward", "ClassifierReward", "checked", "make_reward"]
 
 RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
@@ -53,7 +55,7 @@ class VaderReward:
         try:
             from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
         except ImportError:
-            raise ImportError("the VADER reward needs the lm extra: pip install 'klppo[lm]'") \
+            raise ImportError(f"the VADER reward needs the lm extra: {install_hint('lm')}") \
                 from None
         self._sia = SentimentIntensityAnalyzer()
 

@@ -59,8 +59,8 @@ class RolloutConfig:
     vectorization: Literal["auto", "sync", "async"] = "auto"
     """auto: gymnasium.make_vec for CartPole, klppo's sync loop for others; async: a process each"""
     env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
-    """envpool: EnvPool's C++ task of the same id (pip install 'klppo[envpool]'; not restorable:
-    a resumed run starts new episodes)"""
+    """envpool: EnvPool's C++ task of the same id (the envpool extra; not restorable: a resumed
+    run starts new episodes)"""
     norm_obs: bool = False
     """running mean/std observation normalisation (statistics are checkpointed)"""
     norm_reward: bool = False

@@ -1,4 +1,4 @@
-"""EnvPool as an env backend (``rollout.env_backend envpool``, ``pip install 'klppo[envpool]'``).
+"""EnvPool as an env backend (``rollout.env_backend envpool``, the envpool extra).
 
 EnvPool steps its environments in C++ (MuJoCo's physics, Gymnasium's reward and termination
 rules reimplemented), so a step costs the physics and little else. :class:`EnvPoolSameStep` puts
@@ -26,6 +26,7 @@ from gymnasium.vector import AutoresetMode
 
 from klppo.rl.vecenv import RestoreReport
 from klppo.runs.errors import UserInputError
+from klppo.runs.install import install_hint
 
 __all__ = ["EnvPoolSameStep", "EnvPoolGroup", "EnvPoolSlice", "check_envpool", "NOT_RESTORABLE"]
 
@@ -38,8 +39,8 @@ def _envpool() -> Any:
     try:
         import envpool
     except ImportError as e:
-        raise UserInputError(f"rollout.env_backend='envpool' needs the envpool package: pip "
-                             f"install 'klppo[envpool]' ({e})") from None
+        raise UserInputError(f"rollout.env_backend='envpool' needs the envpool package: "
+                             f"{install_hint('envpool')} ({e})") from None
     return envpool
 
 

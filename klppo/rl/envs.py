@@ -18,6 +18,7 @@ from gymnasium.vector import AutoresetMode
 
 from klppo.rl.vecenv import RestoreReport, SameStepVecEnv, generator_from_state
 from klppo.runs.errors import ConfigError, UserInputError
+from klppo.runs.install import install_hint
 from klppo.runs.typecheck import short_repr
 
 __all__ = ["EnvError", "EnvKwargsError", "check_env", "make_env", "env_spaces", "space_problem",
@@ -67,7 +68,7 @@ def _missing_extra(env_id: str, err: Exception) -> EnvError:
     for key, extra in _EXTRAS.items():
         if key in entry:
             return EnvError(
-                f"env={env_id!r} needs the {extra} extra: pip install 'klppo[{extra}]' "
+                f"env={env_id!r} needs the {extra} extra: {install_hint(extra)} "
                 f"(or pip install 'gymnasium[{extra}]'); import failed with: {err}"
             )
     return EnvError(f"env={env_id!r}: cannot be created: {err}")

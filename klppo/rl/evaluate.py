@@ -20,6 +20,7 @@ import torch
 from klppo.rl.envs import make_env
 from klppo.rl.policy import Policy, load, run_dir_of
 from klppo.runs.errors import InputError
+from klppo.runs.install import install_hint
 from klppo.runs.owned import owned_reason
 from klppo.runs.paths import check_writable
 from klppo.runs.rundir import write_json_atomic
@@ -61,7 +62,7 @@ def _make_env(policy: Policy, video_dir: Path | None) -> gym.Env:
     try:
         import moviepy  # noqa: F401
     except ImportError:
-        raise RenderingUnavailable("--video needs moviepy: pip install 'klppo[video]'") from None
+        raise RenderingUnavailable(f"--video needs moviepy: {install_hint('video')}") from None
     try:
         env = make_env(env_id, cfg.env_kwargs, render_mode="rgb_array")
         env.reset(seed=0)

@@ -13,10 +13,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from klppo.runs.install import install_hint
+
 __all__ = ["export_policy", "ONNX_MISSING"]
 
-ONNX_MISSING = ("exporting to ONNX needs the onnx and onnxscript packages: pip install "
-                "'klppo[onnx]' (or pip install onnx onnxscript)")
+ONNX_MISSING = ("exporting to ONNX needs the onnx and onnxscript packages: "
+                f"{install_hint('onnx')}, or pip install onnx onnxscript")
 
 
 def export_policy(module: nn.Module, obs_dim: int, path: Path) -> Path:

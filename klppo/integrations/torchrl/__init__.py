@@ -1,4 +1,4 @@
-"""TorchRL losses whose math comes from :mod:`klppo.core` (``pip install 'klppo[torchrl]'``).
+"""TorchRL losses whose math comes from :mod:`klppo.core` (the torchrl extra).
 
 * :class:`KLPENPPOLoss` - TorchRL's ``KLPENPPOLoss`` with the KL from :mod:`klppo.core.kl`, the
   penalty from the core ``kl_penalty`` objective and beta from a :mod:`klppo.core.controllers`
@@ -17,12 +17,14 @@ option mapping and units: ``docs/integrations.md``.
 
 from __future__ import annotations
 
+from klppo.runs.install import install_hint
+
 try:
     import torchrl
     from torchrl.objectives import ppo as _ppo
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "klppo.integrations.torchrl needs TorchRL: pip install 'klppo[torchrl]'") from err
+        f"klppo.integrations.torchrl needs TorchRL: {install_hint('torchrl')}") from err
 
 _NEEDED = ("_broadcast_advantage_to_log_weight", "_check_advantage_broadcast")
 if not all(hasattr(_ppo, n) for n in _NEEDED) or not hasattr(

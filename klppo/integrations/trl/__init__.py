@@ -1,4 +1,4 @@
-"""klppo's KL controllers inside TRL's trainers (``pip install 'klppo[trl]'``).
+"""klppo's KL controllers inside TRL's trainers (the trl extra).
 
 :func:`attach` puts a :class:`KLControlCallback` on a TRL ``GRPOTrainer`` or ``RLOOTrainer``::
 
@@ -20,12 +20,14 @@ are ``TESTED_TRL``.
 
 from __future__ import annotations
 
+from klppo.runs.install import install_hint
+
 try:
     import transformers  # noqa: F401
     import trl  # noqa: F401
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "klppo.integrations.trl needs TRL: pip install 'klppo[trl]'") from err
+        f"klppo.integrations.trl needs TRL: {install_hint('trl')}") from err
 
 from klppo.integrations.trl.callback import PREFIX, KLControlCallback, attach  # noqa: E402
 from klppo.integrations.trl.entropy import (  # noqa: E402

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from klppo.integrations.trl.grpo_kl import LOSS_UNITS, UNIT_MEANINGS
 from klppo.runs.errors import UserInputError
+from klppo.runs.install import install_hint
 
 __all__ = ["TRLIntegrationError", "TrainerKL", "TRAINERS", "TESTED_TRL", "UNITS", "KLUnitTRL",
            "check_internals", "resolve", "penalised_unit", "conversion_problem", "to_unit"]
@@ -150,7 +151,7 @@ def check_internals(class_name: str) -> None:
             raise TRLIntegrationError(
                 f"trl=={trl.__version__}: {class_name}.{method} lacks {missing[0]!r} (whitespace "
                 f"removed), which klppo relies on to know what beta multiplies; lines tested: "
-                f"TRL {', '.join(TESTED_TRL)} (pip install 'klppo[trl]' -c constraints.txt)")
+                f"TRL {', '.join(TESTED_TRL)} ({install_hint('trl')})")
 
 
 def penalised_unit(spec: TrainerKL, args: Any) -> str:

@@ -21,6 +21,7 @@ from klppo.rl.config import is_multiagent
 from klppo.rl.config_checks import validate
 from klppo.rl.envs import EnvError, space_problem
 from klppo.runs.configfile import InputError, merge_nested, parse_yaml
+from klppo.runs.install import install_hint
 
 __all__ = ["PREFIX", "is_multiagent", "env_kwargs", "make_parallel_env", "map_policies",
            "policy_configs", "MultiAgentSpec", "check_multiagent"]
@@ -61,7 +62,7 @@ def make_parallel_env(cfg: C.TrainConfig) -> Any:
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
-        hint = " (pip install 'klppo[marl]')" if module.split(".")[0] in ("mpe2", "pettingzoo") \
+        hint = f" ({install_hint('marl')})" if module.split(".")[0] in ("mpe2", "pettingzoo") \
             else ""
         raise EnvError(f"env={cfg.env!r}: cannot import module {module!r}{hint}: {e}") from None
     if not callable(getattr(mod, "parallel_env", None)):
