@@ -3,8 +3,9 @@ index, so ``pip install 'klppo[NAME]'`` cannot; the one form is ``pip install -c
 -e '.[NAME]'`` (klppo.runs.install.install_hint), and each extra it names exists."""
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from klppo.runs.install import install_hint
 

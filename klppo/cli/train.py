@@ -23,7 +23,7 @@ from klppo.cli.progress import Bar, Closes, NumericWarnings, Part
 from klppo.runs.errors import RunFailed
 
 USAGE = """klppo train [--preset NAME] [--config FILE.yaml] [--env-kwargs MAPPING] [FLAGS...]
-       klppo train --resume RUN_DIR [--total-steps N]
+       klppo train --resume RUN_DIR [--total-steps N [--lr-plan replan|continue]]
 
 Train PPO (any objective, any KL controller) on a Gymnasium or PettingZoo env into a run
 directory: config.yaml, metrics.jsonl, checkpoints, TensorBoard events. Ctrl-C or SIGTERM
@@ -40,8 +40,10 @@ Where the defaults come from (the config flags below override them):
                       keyword arguments of gym.make for the env, a YAML or JSON mapping, e.g.
                       '{continuous: true}' (recorded in config.yaml as env_kwargs)
   --resume RUN_DIR    continue a run from its last checkpoint (its config.yaml; no other flags
-                      but --total-steps N, which sets a new total: the learning rate anneals
-                      on from where it was to 0 at the new end)"""
+                      but --total-steps N, which sets a new total, and --lr-plan: with an
+                      annealed learning rate, replan (the default) gives the iterations to come
+                      the rates of a run planned for the new total, continue goes on from the
+                      last rate, which at the end of a finished run is about lr / iterations)"""
 
 
 class Progress(Closes):
@@ -178,13 +180,17 @@ def _resume_request(known: argparse.Namespace, rest: list[str]) -> str | Resume:
     pre = RaisingParser(prog="klppo train", add_help=False, allow_abbrev=False)
     pre.add_argument("--total-steps", "--total_steps", dest="total_steps", type=int,
                      action=Once)
+    pre.add_argument("--lr-plan", "--lr_plan", dest="lr_plan", choices=("replan", "continue"),
+                     action=Once)
     steps, other = pre.parse_known_args(rest)
     if other or known.preset or known.config or known.env_kwargs is not None:
-        raise FlagError("--resume takes no other flags but --total-steps N (the run's "
-                        "config.yaml is used)")
+        raise FlagError("--resume takes no other flags but --total-steps N [--lr-plan "
+                        "replan|continue] (the run's config.yaml is used)")
     if steps.total_steps is None:
+        if steps.lr_plan is not None:
+            raise FlagError(f"--lr-plan {steps.lr_plan}: only a new --total-steps reads it")
         return known.resume
-    return Resume(known.resume, steps.total_steps)
+    return Resume(known.resume, steps.total_steps, steps.lr_plan or "replan")
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,7 @@ class Resume:
 
     run_dir: str
     total_steps: int
+    lr_plan: str = "replan"
 
 
 def run(argv: list[str]) -> int:
@@ -220,11 +227,12 @@ def _start(cfg):
     from klppo.rl.trainer import plan_resume, resume, train
 
     if isinstance(cfg, (str, Resume)):
-        run_dir, total = (cfg, None) if isinstance(cfg, str) else (cfg.run_dir, cfg.total_steps)
+        run_dir, total, lr_plan = (cfg, None, "replan") if isinstance(cfg, str) else \
+            (cfg.run_dir, cfg.total_steps, cfg.lr_plan)
         plan = plan_resume(run_dir, total)
         print(_resuming(run_dir, plan.num_iterations), flush=True)
         with _progress(plan) as progress:
-            return resume(run_dir, on_iteration=progress, total_steps=total)
+            return resume(run_dir, on_iteration=progress, total_steps=total, lr_plan=lr_plan)
     with _progress(cfg) as progress:
         return train(cfg, on_iteration=progress)
 

@@ -183,15 +183,23 @@ def check_resume(run_dir: Path, cfg: TrainConfig, state: dict[str, Any] | None,
     return kept
 
 
-def extend_config(cfg: TrainConfig, iteration: int, total_steps: int) -> TrainConfig:
+LR_PLANS = ("replan", "continue")
+
+
+def extend_config(cfg: TrainConfig, iteration: int, total_steps: int,
+                  lr_plan: str = "replan") -> TrainConfig:
     """``cfg`` with the new ``total_steps`` for a run whose checkpoint is at ``iteration``.
 
-    The iterations done keep their learning rates; with ``ppo.anneal_lr`` the rate of the next
-    iteration equals that of iteration ``iteration`` and falls linearly to 0 at the new end
-    (``lr_anneal_from``, :func:`klppo.rl.lr_schedule.lr_fraction`): it never jumps. A run with no
-    iteration done simply gets the new total. :class:`ConfigError` naming ``total_steps`` when
-    it adds no iteration."""
-
+    The iterations done keep their learning rates. With ``ppo.anneal_lr`` the rest of the run
+    anneals by ``lr_plan`` (``lr_anneal_from``, :func:`klppo.rl.lr_schedule.lr_fraction`):
+    ``replan`` (the default, as Stable-Baselines3's ``learn(..., reset_num_timesteps=False)``)
+    gives the rates of a schedule planned over the new total from the start, ``1 - k / N`` of
+    ``ppo.lr`` at the next iteration falling to ``1 / N`` at the new end; ``continue`` goes on
+    from the rate of the last iteration done (it never jumps, but a finished run then learns at
+    about ``ppo.lr / N``, hardly at all). A run with no iteration done simply gets the new total.
+    :class:`ConfigError` naming ``total_steps`` (or ``lr_plan``) when it adds no iteration."""
+    if lr_plan not in LR_PLANS:
+        raise ConfigError(f"lr_plan={short_repr(lr_plan)}: must be one of {', '.join(LR_PLANS)}")
     if isinstance(total_steps, bool) or not isinstance(total_steps, int):
         raise ConfigError(f"total_steps={short_repr(total_steps)}: must be an integer")
     new = validate(dataclasses.replace(cfg, total_steps=total_steps))
@@ -201,7 +209,9 @@ def extend_config(cfg: TrainConfig, iteration: int, total_steps: int) -> TrainCo
                           f"add at least one iteration of {cfg.batch_size:,} steps")
     if new.num_iterations == cfg.num_iterations or iteration == 0 or not cfg.ppo.anneal_lr:
         return new  # the same schedule, or none yet run
-    anchor = (float(iteration), lr_fraction(cfg, iteration))
+    rate = 1.0 - iteration / new.num_iterations if lr_plan == "replan" else \
+        lr_fraction(cfg, iteration)
+    anchor = (float(iteration), rate)
     return validate(dataclasses.replace(new, lr_anneal_from=anchor))
 
 

@@ -21,9 +21,10 @@ def lr_fraction(cfg: TrainConfig, it: int) -> float:
 
     A run of N iterations anneals from 1 at iteration 1 to 1/N at iteration N (CleanRL's
     schedule). A run whose total was changed at iteration k by ``klppo train --resume DIR
-    --total-steps`` (``lr_anneal_from = (k, f)``, f the fraction of iteration k) goes on from f
-    at iteration k + 1 to f / (N - k) at its new last iteration N: the rate never jumps, and a
-    run extended twice is annealed piece by piece. Without ``ppo.anneal_lr``: 1."""
+    --total-steps`` (``lr_anneal_from = (k, f)``) goes on from f at iteration k + 1 to
+    f / (N - k) at its new last iteration N: with the default ``--lr-plan replan`` f is
+    ``1 - k / N`` (the schedule over the new total), with ``continue`` the fraction of iteration k
+    (no jump); a run extended twice is annealed piece by piece. Without ``ppo.anneal_lr``: 1."""
     if not cfg.ppo.anneal_lr:
         return 1.0
     if cfg.lr_anneal_from is None:

@@ -330,14 +330,15 @@ def _write_start_files(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
 
 
 def resume(run_dir: str | Path, on_iteration: OnIteration = None,
-           total_steps: int | None = None) -> TrainResult:
+           total_steps: int | None = None, lr_plan: str = "replan") -> TrainResult:
     """Continue a run from its last checkpoint (or start it, if it never wrote one).
 
     ``total_steps`` sets a new total (to extend a finished run, or shorten an unfinished one
     to no fewer iterations than it has done): ``config.yaml`` and the checkpoint's config are
-    rewritten with it, and the learning-rate annealing goes on from the rate of the last
-    iteration done to 0 at the new end (:func:`~klppo.rl.lifecycle.extend_config`); the resume
-    in ``metadata.json`` records the old and new totals.
+    rewritten with it, and with ``ppo.anneal_lr`` the learning rate of the iterations to come is
+    planned by ``lr_plan``: ``replan`` (as a run planned for the new total from the start) or
+    ``continue`` (on from the last iteration's rate; :func:`~klppo.rl.lifecycle.extend_config`);
+    the resume in ``metadata.json`` records the old and new totals.
 
     Metrics written after the checkpoint are discarded and recomputed, so the finished
     metrics.jsonl equals that of an uninterrupted run (timing fields aside). The environments
@@ -350,7 +351,8 @@ def resume(run_dir: str | Path, on_iteration: OnIteration = None,
     cfg = read_run_config(run_dir)
     resolve_device(cfg.device)
     with compute_threads(cfg.torch_threads) as threads:
-        tr, life, kept = open_existing(run_dir, cfg, threads, total_steps=total_steps)
+        tr, life, kept = open_existing(run_dir, cfg, threads, total_steps=total_steps,
+                                       lr_plan=lr_plan)
         if tr.iteration >= tr.num_iterations:
             tr.close()
             life.status("finished", tr.iteration)
@@ -361,7 +363,7 @@ def resume(run_dir: str | Path, on_iteration: OnIteration = None,
 
 def open_existing(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
                   makers: Makers | None = None, meta: dict[str, Any] | None = None,
-                  total_steps: int | None = None
+                  total_steps: int | None = None, lr_plan: str = "replan"
                   ) -> tuple[_Trainer | MultiTrainer, RunLife, list[dict[str, Any]]]:
     """Lock a run directory (``cfg`` is its config), check its files, and rebuild its trainer
     from the last checkpoint (or start it); return the trainer, the run's life and the metrics
@@ -377,7 +379,8 @@ def open_existing(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
     if total_steps is not None:
         old = cfg.total_steps
         try:  # bad input: nothing is written, the run keeps its status
-            cfg = extend_config(cfg, int(state["iteration"]) if state else 0, total_steps)
+            cfg = extend_config(cfg, int(state["iteration"]) if state else 0, total_steps,
+                                lr_plan)
         except BaseException:
             lock.release()
             raise

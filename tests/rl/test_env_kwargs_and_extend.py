@@ -120,11 +120,30 @@ def _cartpole(out: Path, total: int = 2048, **kw) -> rl.TrainConfig:
                                checkpoint_every=1, **kw)
 
 
-def test_extending_a_finished_run_continues_the_learning_rate_without_a_jump(tmp_path, capsys):
+def test_extending_a_finished_run_replans_the_learning_rate_over_the_new_total(tmp_path,
+                                                                                capsys):
+    """The default, as SB3's learn(reset_num_timesteps=False): the iterations to come get the
+    rates of a schedule over the new total (iteration 5 of 8: 1 - 4/8 of ppo.lr), not the
+    finished run's last rate (it learned at lr / 4 there, and a 100-iteration run at lr / 100)."""
+    run = tmp_path / "run"
+    first = rl.train(_cartpole(run)).metrics
+    assert run_main(["train", "--resume", str(run), "--total-steps", "4096"]) == 0
+    rows = metrics(run)
+    assert rows[:4] == [{k: v for k, v in m.items() if k not in TIMING_KEYS} for m in first]
+    lr = 3e-4
+    assert [m["lr"] for m in rows] == pytest.approx(
+        [lr, 0.75 * lr, 0.5 * lr, 0.25 * lr] + [lr * (1 - (i - 1) / 8) for i in range(5, 9)])
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["lr_anneal_from"] == [4.0, 0.5]
+    assert rl.resume(run).status == "finished"
+
+
+def test_extending_with_lr_plan_continue_goes_on_without_a_jump(tmp_path, capsys):
     run = tmp_path / "run"
     first = rl.train(_cartpole(run)).metrics
     assert [m["lr"] for m in first] == pytest.approx([3e-4, 2.25e-4, 1.5e-4, 7.5e-5])
-    assert run_main(["train", "--resume", str(run), "--total-steps", "4096"]) == 0
+    assert run_main(["train", "--resume", str(run), "--total-steps", "4096",
+                     "--lr-plan", "continue"]) == 0
     assert "status: finished" in capsys.readouterr().out
     rows = metrics(run)
     assert [m["iteration"] for m in rows] == list(range(1, 9))
@@ -144,8 +163,8 @@ def test_extending_a_finished_run_continues_the_learning_rate_without_a_jump(tmp
 def test_extending_twice_anneals_piece_by_piece(tmp_path):
     run = tmp_path / "run"
     rl.train(_cartpole(run))
-    rl.resume(run, total_steps=3072)   # iterations 5-6 from 7.5e-5
-    rl.resume(run, total_steps=4096)   # iterations 7-8 from iteration 6's rate
+    rl.resume(run, total_steps=3072, lr_plan="continue")   # iterations 5-6 from 7.5e-5
+    rl.resume(run, total_steps=4096, lr_plan="continue")   # 7-8 from iteration 6's rate
     lrs = [m["lr"] for m in metrics(run)]
     i6 = 7.5e-5 * (1 - 1 / 2)
     assert lrs == pytest.approx([3e-4, 2.25e-4, 1.5e-4, 7.5e-5, 7.5e-5, i6, i6, i6 / 2])
