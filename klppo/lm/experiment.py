@@ -13,6 +13,7 @@ global generators, the iteration), so a run restored from it continues exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import random
@@ -135,6 +136,14 @@ def _say_what_the_choices_mean(cfg: RLHFConfig) -> None:
         warnings.warn(biased, KLGradientWarning, stacklevel=3)
 
 
+def _same_layout(p: Any, own: dict[str, torch.Tensor]) -> bool:
+    """``p`` is a state dict with ``own``'s keys, shapes and dtypes, every value finite."""
+    return isinstance(p, dict) and p.keys() == own.keys() and all(
+        isinstance(p[n], torch.Tensor) and p[n].shape == t.shape and p[n].dtype == t.dtype
+        and (not p[n].is_floating_point() or bool(torch.isfinite(p[n]).all()))
+        for n, t in own.items())
+
+
 def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A detached CPU copy of a state dict (a past policy kept for a stale sampler)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
@@ -229,7 +238,28 @@ class Experiment:
                 "ppl_initial": self.ppl_initial, "kl_monitor": self.kl_monitor.state_dict(),
                 # the reference only once a reset has moved it (else the model file has it)
                 "ref": self.ref.state_dict() if self.ref_resets else None,
-                "ref_resets": self.ref_resets, "past_policies": list(self.past)}
+                "ref_resets": self.ref_resets, "past_policies": list(self.past),
+                "config": dataclasses.asdict(self.cfg)}
+
+    def _checked_past(self, past: Any) -> list[dict[str, torch.Tensor]]:
+        """A checkpoint's past policies: none without staleness; else 1 to ``staleness + 1``
+        state dicts of the policy's own keys, shapes and dtypes, finite, the last equal to the
+        checkpoint's policy (loaded before them). ``ValueError`` for a forged or foreign one."""
+        k = self.cfg.staleness
+        if not k:
+            if past:
+                raise ValueError(f"past_policies: {len(past)} saved, but staleness=0 keeps none"
+                                 " (the checkpoint of a stale run?)")
+            return []
+        own = self.policy.lm.state_dict()
+        if not isinstance(past, list) or not 1 <= len(past) <= k + 1 or not all(
+                _same_layout(p, own) for p in past):
+            raise ValueError(f"past_policies: not 1 to {k + 1} finite state dicts of the "
+                             f"policy's parameters (written without staleness {k}?)")
+        if not all(torch.equal(past[-1][n], t.detach().cpu()) for n, t in own.items()):
+            raise ValueError("past_policies: the last is not the checkpoint's policy (a "
+                             "checkpoint klppo writes always ends with it): damaged or forged")
+        return past
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.policy.load_state_dict(s["policy"])
@@ -243,7 +273,7 @@ class Experiment:
         if "kl_monitor" in s:
             self.kl_monitor.load_state_dict(s["kl_monitor"])
         self.past.clear()
-        self.past.extend(s.get("past_policies", []))
+        self.past.extend(self._checked_past(s.get("past_policies", [])))
         self.ref_resets = int(s.get("ref_resets", 0))
         if self.ref_resets:
             self.ref.load_state_dict(s["ref"])

@@ -36,6 +36,7 @@ from klppo.runs.lifecycle import (
 )
 from klppo.runs.paths import check_writable
 from klppo.runs.threads import compute_threads
+from klppo.runs.typecheck import short_repr
 
 __all__ = ["RLHFResult", "RLHFError", "ResumeError", "rlhf", "resume_rlhf", "read_run_config",
            "read_checkpoint", "TIMING_KEYS", "CHECKPOINT", "score_sequences", "per_token_kl",
@@ -183,6 +184,31 @@ def resume_rlhf(run_dir: str | Path, reward: RewardFn | None = None,
         return _run(exp, run_dir, lock, on_iteration, saved=exp.iteration)
 
 
+#: config fields a resume may change: where files go, how often to checkpoint, where to compute
+RESUME_MAY_CHANGE = frozenset({"out", "checkpoint_every", "torch_threads", "device"})
+
+
+def _plain(v: Any) -> Any:
+    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def _check_config(run_dir: Path, cfg: RLHFConfig, saved: Any) -> None:
+    """config.yaml against the checkpoint's own copy of the config (checkpoints written before
+    klppo kept one have none): an edit other than :data:`RESUME_MAY_CHANGE` is refused."""
+    if saved is None:
+        return
+    path = run_dir / "config.yaml"
+    if not isinstance(saved, dict):
+        raise ResumeError(f"checkpoint={str(run_dir / CHECKPOINT)!r}: its config is "
+                          f"{type(saved).__name__}, not a mapping: damaged or forged")
+    now = dataclasses.asdict(cfg)
+    for key in sorted(now.keys() - RESUME_MAY_CHANGE):
+        if key in saved and _plain(saved[key]) != _plain(now[key]):
+            raise ResumeError(f"{path}: {key}={short_repr(now[key])} but the checkpoint was "
+                              f"made with {short_repr(saved[key])}; a resume continues the same "
+                              "run (undo the edit or start a new run)")
+
+
 def _restore(run_dir: Path, reward: RewardFn | None) -> Experiment | None:
     cfg = read_run_config(run_dir)
     state = read_checkpoint(run_dir / CHECKPOINT)
@@ -192,6 +218,8 @@ def _restore(run_dir: Path, reward: RewardFn | None) -> Experiment | None:
         M.truncate_metrics(run_dir / "metrics.jsonl", it)
         R.write_status(run_dir, "finished", iteration=it, checkpoint_iteration=it)
         return None
+    if state is not None:
+        _check_config(run_dir, cfg, state.get("config"))
     exp = Experiment(cfg, reward)
     if state is not None:
         try:

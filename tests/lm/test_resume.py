@@ -166,6 +166,15 @@ def _damage(kind: str, run: Path) -> None:
         (run / "metrics.jsonl").write_text("".join(lines[:2]))
     elif kind == "no_metrics":
         (run / "metrics.jsonl").unlink()
+    elif kind == "edited_config":
+        import yaml
+
+        data = yaml.safe_load((run / "config.yaml").read_text())
+        (run / "config.yaml").write_text(yaml.safe_dump({**data, "lr": 0.5}))
+    elif kind == "past_without_staleness":
+        state = torch.load(ck, weights_only=False)
+        state["past_policies"] = [state["policy"]]
+        torch.save(state, ck)
 
 
 @pytest.mark.parametrize("kind, needles", [
@@ -176,6 +185,8 @@ def _damage(kind: str, run: Path) -> None:
     ("other_model", ["checkpoint=", "does not fit this run's model"]),
     ("short_metrics", ["metrics.jsonl", "iteration 3", "holds 2"]),
     ("no_metrics", ["metrics.jsonl", "is missing"]),
+    ("edited_config", ["config.yaml", "lr=0.5 but the checkpoint was made with"]),
+    ("past_without_staleness", ["checkpoint=", "past_policies: 1 saved, but staleness=0"]),
 ])
 def test_resume_refuses_what_it_cannot_continue_exactly(kind, needles, tiny_model_dir, tmp_path,
                                                         capsys):
@@ -271,3 +282,57 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tiny_model_dir, tmp_pa
     assert strip(read_metrics(run / "metrics.jsonl")[0]) == strip(full.metrics)
     assert status(run)["state"] == "finished"
     shutil.rmtree(tmp_path / "full")
+
+
+def _stale_past(kind: str, run: Path) -> None:
+    ck = run / "checkpoint.pt"
+    state = torch.load(ck, weights_only=False)
+    past = state["past_policies"]
+    if kind == "empty_list":
+        state["past_policies"] = []
+    elif kind == "ten_copies":
+        state["past_policies"] = [past[0]] * 10
+    elif kind == "last_not_policy":
+        state["past_policies"] = [past[0]] * len(past)
+    elif kind == "wrong_shape":
+        state["past_policies"] = [{k: v[..., :1] for k, v in p.items()} for p in past]
+    elif kind == "strings":
+        state["past_policies"] = ["a", "b"]
+    elif kind == "empty_dicts":
+        state["past_policies"] = [{}, {}]
+    elif kind == "staleness_edited":
+        text = (run / "config.yaml").read_text()
+        (run / "config.yaml").write_text(text.replace("staleness: 2", "staleness: 1"))
+        return
+    torch.save(state, ck)
+
+
+@pytest.mark.parametrize("kind, needle", [
+    ("empty_list", "past_policies: not 1 to 3 finite state dicts"),
+    ("ten_copies", "past_policies: not 1 to 3 finite state dicts"),
+    ("last_not_policy", "past_policies: the last is not the checkpoint's policy"),
+    ("wrong_shape", "past_policies: not 1 to 3 finite state dicts"),
+    ("strings", "past_policies: not 1 to 3 finite state dicts"),
+    ("empty_dicts", "past_policies: not 1 to 3 finite state dicts"),
+    ("staleness_edited", "staleness=1 but the checkpoint was made with 2"),
+])
+def test_a_stale_runs_past_policies_and_config_are_checked_on_resume(kind, needle,
+                                                                     tiny_model_dir, tmp_path,
+                                                                     capsys):
+    """klppo rlhf --staleness 2: what klppo train refuses on resume, refused here too, in one
+    line before any iteration (a past policy that is not the run's would train silently on
+    other numbers)."""
+    run = tmp_path / "run"
+
+    def crash(m):
+        if m["iteration"] == 4:
+            raise Crash("stop")
+
+    with pytest.raises(RLHFError):
+        rlhf(cfg(tiny_model_dir, run, staleness=2, mismatch_correction="tis"), reward=reward,
+             on_iteration=crash)
+    _stale_past(kind, run)
+    capsys.readouterr()
+    rc = run_main(["rlhf", "--resume", str(run)])
+    assert_one_line_error(rc, capsys.readouterr().err, 2, "rlhf", [needle])
+    assert status(run)["state"] == "failed"
