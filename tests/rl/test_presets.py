@@ -27,7 +27,7 @@ def test_preset_runs_one_iteration(tmp_path, name):
     module = EXTRA.get(name)
     if module and importlib.util.find_spec(module) is None:
         extra = EXTRA_NAME[module]
-        with pytest.raises(EnvError, match=rf"pip install 'klppo\[{extra}\]'"):
+        with pytest.raises(EnvError, match=rf"pip install -c constraints.txt -e '\.\[{extra}\]'"):
             rl.train(c)
         return
     res = rl.train(c)
@@ -53,5 +53,5 @@ def test_a_missing_extra_names_the_pip_command(tmp_path, monkeypatch, capsys, en
     for m in modules:
         monkeypatch.setitem(sys.modules, m, None)  # import -> ImportError
     assert main(["train", "--env", env_id, "--out", str(tmp_path / "run")]) == 2
-    assert f"pip install 'klppo[{extra}]'" in capsys.readouterr().err
+    assert f"pip install -c constraints.txt -e '.[{extra}]'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # raised before the run directory is made

@@ -113,7 +113,7 @@ def test_run_ids_are_stable_per_directory_and_distinct_across_directories(tmp_pa
 
 def test_missing_wandb_names_the_pip_command_before_creating_the_run(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
-    with pytest.raises(ImportError, match=r"pip install 'klppo\[wandb\]'"):
+    with pytest.raises(ImportError, match=r"pip install -c constraints.txt -e '\.\[wandb\]'"):
         rl.train(small(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
