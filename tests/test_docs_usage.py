@@ -108,7 +108,15 @@ def _commands_did_what_the_page_says(workdir):
     assert json.loads((where / "cartpole-eval.json").read_text())["episodes"] == 5
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     lrs = [r["lr"] for r in rows]
-    assert len(rows) == 12288 // 512 and all(b <= a for a, b in zip(lrs, lrs[1:]))
+    n = 12288 // 512
+    assert len(rows) == n
+    # extended: the iterations after k get the rates of a schedule over the new total
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    k, f = cfg["lr_anneal_from"]
+    assert f == pytest.approx(1 - k / n)
+    lr0 = cfg["ppo"]["lr"]
+    assert lrs[int(k):] == pytest.approx([lr0 * (1 - (i - 1) / n) for i in range(int(k) + 1,
+                                                                                n + 1)])
     timed = where / "runs" / "timed-cartpole"
     assert yaml.safe_load((timed / "config.yaml").read_text())["env_kwargs"] == {"limit": 50}
     assert max(json.loads((timed / "eval.json").read_text())["lengths"]) <= 50
