@@ -302,7 +302,7 @@ class PIDKL(KLController):
         return {"integral": self.integral, "delta_s": self._delta_s, "d_s": self._d_s}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
-        values = {}
+        values: dict[str, float | None] = {}
         for key in ("integral", "delta_s", "d_s"):
             v = state.get(key)
             optional = key != "integral"
@@ -312,7 +312,9 @@ class PIDKL(KLController):
             else:
                 raise ValueError(f"{key}={v!r}: must be a finite number"
                                  + (" or null" if optional else ""))
-        self.integral = values["integral"]
+        integral = values["integral"]
+        assert integral is not None  # (checked above: a finite number)
+        self.integral = integral
         self._delta_s, self._d_s = values["delta_s"], values["d_s"]
 
 
