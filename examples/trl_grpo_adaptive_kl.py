@@ -6,7 +6,7 @@ Each arm writes OUT/runs/ARM__SEED/{config.yaml, metrics.jsonl} in the layout of
 against the target, beta, held-out perplexity every few steps, sample texts), then the report
 (OUT/report/report.html, summary.md) is written by klppo.report.lm.lm_report.
 
-    python examples/trl_grpo_adaptive_kl.py --tiny --out runs/trl-grpo-tiny    # CPU, ~4 min
+    python examples/trl_grpo_adaptive_kl.py --tiny --out runs/trl-grpo-tiny    # CPU, ~40 s
     python examples/trl_grpo_adaptive_kl.py --model smollm2 --out runs/trl-grpo  # for a GPU
     python examples/trl_grpo_adaptive_kl.py --model smollm2 --lora --lr 1e-4 ...  # LoRA (peft)
 
