@@ -27,7 +27,7 @@ from klppo.rl.config import TrainConfig
 from klppo.rl.envs import ObsNormalizer, check_env, make_env
 from klppo.rl.spaces import SPACES, read_spaces
 from klppo.runs import checkpoint as ckpt
-from klppo.runs.errors import InputError
+from klppo.runs.errors import InputError, RunNotFoundError
 from klppo.runs.owned import owned_reason
 
 __all__ = ["Policy", "load", "load_policies"]
@@ -292,6 +292,8 @@ def run_dir_of(path: str | Path) -> Path:
     if p.is_file():
         raise InputError(f"run_dir={str(p)!r}: a file, not a run directory (give the run "
                          f"directory, or its {ckpt.CHECKPOINT})")
+    if not p.exists():
+        raise RunNotFoundError(f"run_dir={str(p)!r}: no such directory")
     return p
 
 

@@ -17,7 +17,7 @@ Each also derives from the builtin its callers caught before it existed (``Value
 from __future__ import annotations
 
 __all__ = ["KlppoError", "UserInputError", "RunFailed", "ConfigError", "InputError",
-           "ResumeError", "CheckpointError", "RunInterrupted"]
+           "RunNotFoundError", "ResumeError", "CheckpointError", "RunInterrupted"]
 
 
 class KlppoError(Exception):
@@ -38,6 +38,11 @@ class ConfigError(UserInputError):
 
 class InputError(UserInputError):
     """A file or flag given by the user that cannot be used; the message names it."""
+
+
+class RunNotFoundError(InputError, FileNotFoundError):
+    """A run directory that does not exist (a ``FileNotFoundError`` too, as Stable-Baselines3's
+    ``load`` of a missing file raises)."""
 
 
 class ResumeError(UserInputError, RuntimeError):

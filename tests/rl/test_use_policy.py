@@ -261,3 +261,14 @@ def test_the_working_directory_goes_last_and_only_for_the_command(tmp_path, monk
     assert find_modules_in_cwd() is None  # once
     monkeypatch.setattr(sys, "path", list(before))
     assert run_main(["verify", "--help"]) == 0 and sys.path == before  # given back
+
+
+def test_loading_a_missing_run_is_a_file_not_found_error(tmp_path):
+    """As Stable-Baselines3's load of a missing file: a FileNotFoundError (klppo's one-line
+    input error too, so the CLI still says it in one line)."""
+    import klppo
+    from klppo.runs.errors import UserInputError
+
+    with pytest.raises(FileNotFoundError, match=r"run_dir='.*nope': no such directory") as e:
+        klppo.load(tmp_path / "nope")
+    assert isinstance(e.value, UserInputError)
