@@ -66,13 +66,14 @@ def test_readme_has_blocks_and_commands():
 @pytest.mark.parametrize("code", PY_BLOCKS, ids=[f"block{i + 1}" for i in range(len(PY_BLOCKS))])
 def test_readme_python_block_runs_on_its_own(code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    if "runs/cp" in code:  # the tutorials' first run: `klppo train ... --out runs/cp`
-        import dataclasses
+    for run in ("runs/cp", "runs/readme-cp"):  # the first run of the tutorials, of the README
+        if run in code:
+            import dataclasses
 
-        from klppo import rl
+            from klppo import rl
 
-        rl.train(dataclasses.replace(rl.preset("klip/cartpole"), total_steps=1024,
-                                     out="runs/cp", tensorboard=False))
+            rl.train(dataclasses.replace(rl.preset("klip/cartpole"), total_steps=1024,
+                                         out=run, tensorboard=False))
     try:
         exec(compile(code, "README.md", "exec"), {"__name__": "__readme__"})  # a fresh namespace
     except ModuleNotFoundError as e:
