@@ -162,6 +162,9 @@ def test_constructor_mirrors_torchrl():
             KLPENPPOLoss(actor, critic, **bad)
     with pytest.raises(ValueError, match="controller= replaces"):
         KLPENPPOLoss(actor, critic, beta=2.0, controller=make_controller("fixed", beta=1.0))
+    for n in (0, -1, 1.5, True):  # refused at construction, not deep inside the first KL
+        with pytest.raises(ValueError, match=rf"samples_mc_kl={n!r}: must be an integer >= 1"):
+            KLPENPPOLoss(actor, critic, samples_mc_kl=n, composite_kl="torchrl")
     loss = KLPENPPOLoss(actor, critic, dtarg=0.05, beta=0.2, increment=3, decrement=0.25)
     c = loss.controller
     assert (c.target, c.value, c.increase, c.decrease, c.hi_band, c.lo_band) == (

@@ -87,6 +87,10 @@ class KLPENPPOLoss(_ppo.KLPENPPOLoss):
             raise ValueError(f"KLPENPPOLoss: composite_kl={composite_kl!r}: must be 'per_head' "
                              f"or 'torchrl'")
         self.composite_kl = composite_kl
+        n = kwargs.get("samples_mc_kl", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"KLPENPPOLoss: samples_mc_kl={n!r}: must be an integer >= 1 (the "
+                             "draws of the Monte Carlo KL)")
         given = [k for k in _RULE_OPTIONS if k in kwargs]
         if controller is not None and given:
             raise ValueError(
