@@ -3,11 +3,11 @@
     klppo lm pretrain --out runs/lm/base     # or any Hugging Face causal-LM directory
     python examples/trl_minimal.py runs/lm/base
 
-About 40 s on the development machine's CPU: 200 GRPO steps. The proportional controller gets a horizon derived
-from the run (beta can move 20x within a quarter of it) and holds beta until the KL first
-reaches the target. The learning rate matters as much as beta: with Adam at 1e-3 the policy
-moves so far per step that even beta = 10 leaves this model at about 0.25 nats per token, five
-times the target (docs/algorithms.md, "Can beta hold the KL?").
+About 40 s on the development machine's CPU: 200 GRPO steps. The proportional controller gets
+a horizon derived from the run (beta can move 20x within a quarter of it) and holds beta until
+the KL first reaches the target. The learning rate matters as much as beta: with Adam at 1e-3
+the policy moves so far per step that even beta = 10 leaves this model at about 0.25 nats per
+token, five times the target (docs/algorithms.md, "Can beta hold the KL?").
 """
 import sys
 import warnings
