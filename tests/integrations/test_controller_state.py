@@ -9,16 +9,20 @@ import pytest
 
 from klppo.integrations.verl import RewardKLControl, VerlIntegrationError
 
+RULE = {"controller": "proportional", "beta": 0.1, "target": 6.0, "beta_min": 0.01,
+        "horizon": 1000}
 
-def _saved(tmp_path, **controller):
-    ctrl = RewardKLControl("proportional", beta=0.1, target=6.0, beta_min=0.01, horizon=1000)
+
+def _saved(tmp_path, rule=RULE, **controller):
+    """A controller's state saved after one update, with ``controller`` fields overwritten."""
+    ctrl = RewardKLControl(**rule)
     ctrl.update(7.0, 32)
     folder = tmp_path / "global_step_1"
     folder.mkdir()
     path = ctrl.save(folder, 1)
     state = json.loads(path.read_text())
     state["controller"].update(controller)
-    path.write_text(json.dumps(state))
+    path.write_text(json.dumps(state, allow_nan=True))
     return folder, path
 
 
@@ -35,7 +39,7 @@ def _saved(tmp_path, **controller):
 def test_a_bad_saved_controller_is_refused_naming_the_file_and_field(tmp_path, field, value,
                                                                       needle):
     folder, path = _saved(tmp_path, **{field: value})
-    fresh = RewardKLControl("proportional", beta=0.1, target=6.0, beta_min=0.01, horizon=1000)
+    fresh = RewardKLControl(**RULE)
     with pytest.raises(RuntimeError) as e:
         fresh.load(folder, 1)
     msg = str(e.value)
@@ -46,7 +50,7 @@ def test_a_bad_saved_controller_is_refused_naming_the_file_and_field(tmp_path, f
 def test_a_controller_saved_as_a_list_or_nested_without_end_is_refused(tmp_path):
     folder, path = _saved(tmp_path)
     state = json.loads(path.read_text())
-    fresh = RewardKLControl("proportional", beta=0.1, target=6.0, beta_min=0.01, horizon=1000)
+    fresh = RewardKLControl(**RULE)
     path.write_text(json.dumps({**state, "controller": [1, 2, 3]}))
     with pytest.raises(RuntimeError, match="controller: state_dict must be a mapping, got list"):
         fresh.load(folder, 1)
@@ -56,16 +60,10 @@ def test_a_controller_saved_as_a_list_or_nested_without_end_is_refused(tmp_path)
 
 
 def test_a_pid_state_is_checked_too(tmp_path):
-    ctrl = RewardKLControl("pid", beta=0.1, target=6.0, kp=0.1, ki=0.01)
-    ctrl.update(7.0, 32)
-    folder = tmp_path / "global_step_1"
-    folder.mkdir()
-    path = ctrl.save(folder, 1)
-    state = json.loads(path.read_text())
-    state["controller"]["integral"] = float("inf")
-    path.write_text(json.dumps(state, allow_nan=True))
+    pid = {"controller": "pid", "beta": 0.1, "target": 6.0, "kp": 0.1, "ki": 0.01}
+    folder, _ = _saved(tmp_path, pid, integral=float("inf"))
     with pytest.raises(RuntimeError, match="integral=inf: must be a finite number"):
-        RewardKLControl("pid", beta=0.1, target=6.0, kp=0.1, ki=0.01).load(folder, 1)
+        RewardKLControl(**pid).load(folder, 1)
 
 
 @pytest.mark.parametrize("kl, n, needle", [("abc", 8, "current_kl='abc'"),
