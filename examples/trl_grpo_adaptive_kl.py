@@ -208,6 +208,26 @@ def run_arm(name: str, seed: int, beta: float, controller: str, base: Path, out:
     return run_dir
 
 
+ARMS = ("fixed_strong", "adaptive_from_strong", "fixed_weak", "adaptive_from_weak")
+
+
+def with_fields(s: Setting, items: list[str], p: argparse.ArgumentParser) -> Setting:
+    """``s`` with each FIELD=VALUE of ``items`` (the value read as YAML, checked against the
+    field's type)."""
+    over = {}
+    names = {f.name: f for f in dataclasses.fields(Setting)}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or k not in names:
+            p.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(names)}")
+        value = yaml.safe_load(v)
+        want = type(getattr(s, k))
+        if value is not None and not isinstance(value, (want, int) if want is float else want):
+            p.error(f"--set {item!r}: {k} must be a {want.__name__}")
+        over[k] = float(value) if want is float and value is not None else value
+    return dataclasses.replace(s, **over)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/trl-grpo", help="comparison directory")
@@ -218,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="GRPO steps per arm")
     p.add_argument("--lr", type=float, default=None, help="learning rate (Adam)")
     p.add_argument("--lora", action="store_true", help="train LoRA adapters (needs peft)")
+    p.add_argument("--arms", nargs="+", default=None, choices=ARMS,
+                   help="run only these arms (default: all four)")
+    p.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                   help="other Setting fields, e.g. completion_len=16 target=0.1")
+    p.add_argument("--no-report", action="store_true",
+                   help="skip the report (another process writes it)")
     a = p.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
@@ -228,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.lr is not None:
         s.lr = a.lr
     s.lora = a.lora
+    s = with_fields(s, a.set, p)
     out = Path(a.out)
     if a.model is None and not a.tiny:
         p.error("--model is required without --tiny (a HF directory, or smollm2)")
@@ -239,8 +266,11 @@ def main(argv: list[str] | None = None) -> int:
             ("adaptive_from_weak", s.weak_beta, s.controller)]
     for seed in a.seeds:
         for name, beta, ctrl in arms:
-            run_arm(name, seed, beta, ctrl, base, out, s)
-            print(f"{name} seed {seed}: done ({time.perf_counter() - t0:.0f}s)", flush=True)
+            if a.arms is None or name in a.arms:
+                run_arm(name, seed, beta, ctrl, base, out, s)
+                print(f"{name} seed {seed}: done ({time.perf_counter() - t0:.0f}s)", flush=True)
+    if a.no_report:
+        return 0
     from klppo.report.lm import lm_report
 
     page, _ = lm_report(out, out / "report")

@@ -107,6 +107,12 @@ class RLHFConfig:
     """proportional horizon in episodes (None: iterations * batch_size / 30, at least
     batch_size, so that one update moves beta by at most the rule's clip, 20%); a horizon of
     batch_size / 5 or less is refused (one update could take beta to 0)"""
+    hold: Annotated[bool, _flag("kl.hold", "hold")] = False
+    """hold beta at its initial value until the KL first reaches the target (a warning when a
+    quarter of the iterations pass without it: the start beta may be too strong). The KL to the
+    reference starts at 0 and, on a real LM, hardly comes back down once it has grown: a rule
+    that lowers beta while the KL climbs towards the target lets it overshoot while beta climbs
+    back (docs/algorithms.md). The metrics' held column is 1 while beta is held"""
     beta_min: Annotated[float, _flag("kl.beta-min", "beta_min")] = field(
         default=0.0, metadata=at_least(0, integer=False))
     """lower bound on beta"""
@@ -280,6 +286,8 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     if c.ref_reset_mix != 1.0 and c.ref_reset_every is None and c.ref_reset_kl is None:
         raise _bad("ref_reset_mix", c.ref_reset_mix, "only a reference reset (ref_reset_every "
                    "or ref_reset_kl) reads it")
+    if c.hold and c.target is None:
+        raise _bad("hold", c.hold, "holds beta until the KL reaches the target: set a target")
     _check_mismatch(c)
     if c.kl_loss is not None and c.kl_placement != "loss":
         raise _bad("kl_loss", c.kl_loss, "only kl_placement=loss reads it")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import random
 import shutil
 import time
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 
 from klppo.core.advantages import gae
-from klppo.core.controllers import make_controller
+from klppo.core.controllers import RUN_HORIZON_FRACTION, make_controller
 from klppo.core.covariance import ClipCov
 from klppo.core.kl import NOT_KL, per_sequence_sum, per_token_mean
 from klppo.core.kl_gradient_claims import KLGradientWarning
@@ -174,6 +175,7 @@ class Experiment:
         try:
             self.ctrl = make_controller(cfg.controller, beta=cfg.beta, target=cfg.target,
                                         beta_min=cfg.beta_min, beta_max=cfg.beta_max,
+                                        hold=cfg.hold,
                                         **({"horizon": cfg.effective_horizon}
                                            if cfg.controller == "proportional" else {}))
         except ValueError as e:
@@ -325,6 +327,7 @@ class Experiment:
             self.past.append(_cpu_copy(self.policy.lm.state_dict()))
         t3 = time.perf_counter()
         measured = measure_kl(b["kl"], b["mask"], c.kl_unit)
+        self.warn_held(it)
         self.ctrl.update(measured, n_steps=c.batch_size)                    # 4. controller
         reset = self.reset_reference(it, measured)
         alarm = self.kl_monitor.update(measured)
@@ -386,6 +389,18 @@ class Experiment:
         return {"weights": None if c.mismatch_correction == "none" else w,
                 "mismatch": mismatch_stats(log_ratio, b["mask"], w)}
 
+    def warn_held(self, it: int) -> None:
+        """Say once, when ``RUN_HORIZON_FRACTION`` of the run has passed with beta held (the KL
+        has not reached the target), that the start beta may be too strong for it to get
+        there."""
+        c = self.cfg
+        if (c.hold and c.controller != "fixed" and not self.ctrl.reached
+                and it == math.floor(RUN_HORIZON_FRACTION * c.iterations) + 1):
+            log.warning("iteration %d: beta is still held at %g: the KL (%s) has not reached "
+                        "its target %g in %d%% of the run; a beta this strong may never let it "
+                        "(start lower, or run without hold)", it, self.ctrl.value, c.kl_unit,
+                        c.target, round(100 * RUN_HORIZON_FRACTION))
+
     def metrics(self, it: int, beta: float, measured: float, b: dict[str, Any],
                 responses: torch.Tensor) -> dict[str, Any]:
         c, mask, kl, score, s = self.cfg, b["mask"], b["kl"], b["score"], b["s"]
@@ -407,6 +422,7 @@ class Experiment:
             "beta": beta, "beta_after": info.beta_after,
             "kl_relative_error": info.relative_error,
             "kl_error_clipped": float(info.error_clipped),
+            "held": float(info.held), "at_bound": info.at_bound,
             "score_minus_beta_kl": float((score - beta * per_sequence_sum(kl, mask)).mean()),
             "distinct_2": distinct_n(responses.tolist(), 2),
         }

@@ -4,7 +4,8 @@
 # then `klppo rlhf compare --model smollm2` on the GPU: 4 arms x 3 seeds side by side, $2
 # iterations each, stopped after $1 seconds (SIGTERM: the runs checkpoint; the report is then
 # made from the iterations recorded). Output: $OUT/smollm2_gpu.tgz (report, metrics, configs),
-# $OUT/compare.log. MODEL, DEVICE, SEEDS, WORKERS, LR override the defaults (a CPU trial:
+# $OUT/compare.log. MODEL, DEVICE, SEEDS, WORKERS, LR, TARGET (nats per sequence) and EXTRA
+# (more FIELD=VALUE for --set, e.g. "hold=true horizon=15.5") override the defaults (a CPU trial:
 # MODEL=runs/lm/base DEVICE=cpu SEEDS=0 WORKERS=2).
 DEADLINE=${1:-330}; N=${2:-60}
 t0=$(date +%s)
@@ -25,8 +26,8 @@ out=$root/rlhf-smollm2-gpu; rm -rf "$out"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no gpu')"
 setsid nohup python3 -m klppo rlhf compare --model "$MODEL" --out "$out" --iterations "$N" \
-  --seeds ${SEEDS:-0 1 2} --workers "${WORKERS:-12}" --set batch_size=16 lr="${LR:-1e-5}" \
-  device="${DEVICE:-cuda}" checkpoint_every="$N" > /tmp/compare.log 2>&1 < /dev/null &
+  --seeds ${SEEDS:-0 1 2} --workers "${WORKERS:-12}" --target "${TARGET:-6}" --set batch_size=16 \
+  lr="${LR:-1e-5}" device="${DEVICE:-cuda}" checkpoint_every="$N" $EXTRA > /tmp/compare.log 2>&1 < /dev/null &
 pid=$!
 progress() {
   local n
