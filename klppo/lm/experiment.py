@@ -185,6 +185,7 @@ class Experiment:
                             value_clip=cfg.value_clip, normalize_advantage="none",
                             knobs=objective_knobs(cfg))
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self._bound_warned = False
         if cfg.cov_selection == "random":  # Clip-Cov's uniform draw, checkpointed with gen
             assert isinstance(self.loss.policy, ClipCov)  # validate_rlhf: clip_cov only
             self.loss.policy.generator = self.gen
@@ -329,6 +330,7 @@ class Experiment:
         measured = measure_kl(b["kl"], b["mask"], c.kl_unit)
         self.warn_held(it)
         self.ctrl.update(measured, n_steps=c.batch_size)                    # 4. controller
+        self.warn_bound(it)
         reset = self.reset_reference(it, measured)
         alarm = self.kl_monitor.update(measured)
         if alarm.message:
@@ -400,6 +402,18 @@ class Experiment:
                         "its target %g in %d%% of the run; a beta this strong may never let it "
                         "(start lower, or run without hold)", it, self.ctrl.value, c.kl_unit,
                         c.target, round(100 * RUN_HORIZON_FRACTION))
+
+    def warn_bound(self, it: int) -> None:
+        """Say once when the rule first asks for a beta past ``beta_max`` / ``beta_min`` (the
+        target is out of reach within the bounds; the metrics' at_bound column has each
+        iteration)."""
+        info = self.ctrl.info
+        if info is not None and info.at_bound and not self._bound_warned:
+            self._bound_warned = True
+            log.warning("iteration %d: the %s rule asks for a beta past %s = %g: the KL target "
+                        "%g (%s) is out of reach within the bounds (KL %.4g)", it,
+                        self.cfg.controller, info.at_bound, getattr(self.cfg, info.at_bound),
+                        self.cfg.target, self.cfg.kl_unit, info.observed)
 
     def metrics(self, it: int, beta: float, measured: float, b: dict[str, Any],
                 responses: torch.Tensor) -> dict[str, Any]:

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import warnings
 
@@ -199,3 +200,43 @@ def test_a_two_iteration_run_keeps_a_positive_beta(tiny_model_dir, tmp_path):
     res = rlhf(cfg, reward=lambda p, r: [0.0 for _ in r])
     recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["beta_after"] for r in recs] == pytest.approx([0.08, 0.064])  # -20% each
+
+
+def test_hold_keeps_beta_until_the_kl_reaches_the_target_and_warns_at_a_quarter(
+        tiny_model_dir, tmp_path, caplog):
+    # a target no run of 8 iterations reaches: held beta every iteration, one warning after
+    # iteration 2 (a quarter of 8), naming the held beta; the same run without hold moves beta
+    cfg = RLHFConfig(model=str(tiny_model_dir), out=str(tmp_path / "held"), iterations=8,
+                     batch_size=4, minibatch_size=2, prompt_len=6, response_len=5,
+                     eval_every=8, eval_windows=2, beta=0.1, target=100.0, ppo_epochs=1,
+                     hold=True)
+    with caplog.at_level("WARNING", logger="klppo.lm.experiment"):
+        res = rlhf(cfg, reward=lambda p, r: [0.0 for _ in r])
+    recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["beta_after"] for r in recs] == [0.1] * 8
+    assert [r["held"] for r in recs] == [1.0] * 8
+    held = [m for m in caplog.messages if "still held" in m]
+    assert len(held) == 1 and held[0].startswith("iteration 3: beta is still held at 0.1")
+    free = rlhf(dataclasses.replace(cfg, out=str(tmp_path / "free"), hold=False),
+                reward=lambda p, r: [0.0 for _ in r])
+    recs = [json.loads(x) for x in (free.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert recs[0]["beta_after"] < 0.1 and recs[0]["held"] == 0.0
+
+
+def test_hold_needs_a_target():
+    with pytest.raises(ConfigError, match=r"^hold=True: .*set a target"):
+        validate_rlhf(RLHFConfig(hold=True, target=None))
+
+
+def test_a_rule_pushing_beta_past_its_bound_says_so_once(tiny_model_dir, tmp_path, caplog):
+    # a target of 100 nats and beta_min = beta: the rule asks for less every iteration
+    cfg = RLHFConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), iterations=3,
+                     batch_size=4, minibatch_size=2, prompt_len=6, response_len=5,
+                     eval_every=3, eval_windows=2, beta=0.1, beta_min=0.1, target=100.0,
+                     ppo_epochs=1)
+    with caplog.at_level("WARNING", logger="klppo.lm.experiment"):
+        res = rlhf(cfg, reward=lambda p, r: [0.0 for _ in r])
+    recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["at_bound"] for r in recs] == ["beta_min"] * 3
+    bound = [m for m in caplog.messages if "out of reach" in m]
+    assert len(bound) == 1 and "beta past beta_min = 0.1" in bound[0]
