@@ -6,7 +6,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["load", "__version__"]
+__all__ = ["load", "train", "__version__"]
 
 
 def load(run_dir: Any, policy: str | None = None) -> Any:
@@ -19,3 +19,16 @@ def load(run_dir: Any, policy: str | None = None) -> Any:
     from klppo.rl.policy import load as _load
 
     return _load(run_dir, policy)
+
+
+def train(env: Any, *, preset: str | None = None, **settings: Any) -> Any:
+    """Train a policy and return it (:class:`klppo.rl.policy.Policy`), as Stable-Baselines3's
+    ``PPO(...).learn(...)``: ``klppo.train("CartPole-v1", objective="clip",
+    total_steps=50_000)``. ``env``: a Gymnasium id, a ``gymnasium.Env`` class or a function
+    returning a new environment; settings: any ``klppo train`` field by its name (``lr``,
+    ``target``, ``seed``, ``out``) or a section as a mapping (``ppo={"lr": 1e-3}``); ``preset``
+    starts from a named preset. The policy has ``predict``, ``save``, ``learn`` (train on) and
+    ``export``. See docs/usage.md."""
+    from klppo.rl.quick import train as _train
+
+    return _train(env, preset=preset, **settings)

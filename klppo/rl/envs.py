@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -44,15 +44,34 @@ def _resolve_id(env_id: str) -> str:
             raise EnvError(f"env={env_id!r}: expected MODULE:ID (a module that registers the "
                            f"environment, then its id)")
         try:
-            importlib.import_module(module)
+            mod = importlib.import_module(module)
         except ImportError as e:
             raise EnvError(f"env={env_id!r}: cannot import module {module!r}: {e}") from None
+        if name not in gym.registry:
+            _register_attribute(env_id, mod, name)
         env_id = name
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
+        if env_id.startswith("klppo-local/"):
+            hint = ("; klppo.train registered it in the process that trained the run (a class "
+                    "or function defined in __main__); define it in a module and pass "
+                    "MODULE:NAME")
         raise EnvError(f"env={env_id!r}: not a registered Gymnasium environment{hint}")
     return env_id
+
+
+def _register_attribute(env_id: str, module: Any, name: str) -> None:
+    """``MODULE:NAME`` where NAME is no registered id but an attribute of the module: a
+    gymnasium.Env class or a function that returns an env is registered under NAME (so the
+    module need only define it); an env instance is refused (it cannot be made again)."""
+    attr = getattr(module, name, None)
+    if isinstance(attr, gym.Env):
+        raise EnvError(f"env={env_id!r}: {name} is an environment instance, which cannot be "
+                       f"made again for each parallel environment, a resume or an evaluation; "
+                       f"define a class or a function that returns a new one")
+    if callable(attr) and (not isinstance(attr, type) or issubclass(attr, gym.Env)):
+        gym.register(id=name, entry_point=cast(Any, attr))
 
 
 def _missing_extra(env_id: str, err: Exception) -> EnvError:

@@ -120,3 +120,12 @@ class NaNForSeed(Counter):
 
 
 gym.register("KlppoTest/NaNForSeed-v0", entry_point=NaNForSeed)
+
+
+def short_counter() -> gym.Env:
+    """A factory (no registration): ``klppo train --env tests.rl.envs_for_tests:short_counter``."""
+    return Counter(limit=5)
+
+
+#: an instance: refused as an env (it cannot be made again)
+COUNTER_INSTANCE = Counter()
