@@ -27,14 +27,15 @@ def test_every_key_of_short_cartpole_runs_is_documented(tmp_path):
     base = dataclasses.replace(rl.preset("klip/cartpole"), total_steps=1024, tensorboard=False)
     keys: set[str] = set()
     for name, changes in {
-        "clip": {},  # beta_t and the partition
+        "clip": {"eval_every": 1, "eval_episodes": 1},  # beta_t, the partition, evaluations
         "kl_penalty": {"objective": "kl_penalty",  # the controller and the KL monitor
                        "kl": dataclasses.replace(base.kl, controller="proportional",
                                                  target=0.01)},
     }.items():
         cfg = dataclasses.replace(base, out=str(tmp_path / name), **changes)
         keys |= _keys(rl.train(cfg).metrics)
-    assert {"kl_alarm_low", "value_target_rms", "beta_t_q90", "kl_observed"} <= keys
+    assert {"kl_alarm_low", "value_target_rms", "beta_t_q90", "kl_observed",
+            "eval_return_mean"} <= keys
     missing = sorted(k for k in keys if not documented(k))
     assert not missing, f"docs/metrics.md does not document {missing}"
 

@@ -57,6 +57,7 @@ class Progress(Closes):
         self.total = total
         self.uses_beta = uses_beta
         self.bar = Bar(total, file=file, now=now)
+        self.eval: float | None = None  # the last evaluation's return (eval_every)
 
     def parts(self, m: dict[str, Any]) -> list[Part]:
         it, n = m["iteration"], self.total
@@ -69,7 +70,9 @@ class Progress(Closes):
         ret = m.get("episode_return_mean")
         ret_s = "-" if ret is None else f"{ret:.1f}"
         beta = f"{m['beta']:.4g}" if self.uses_beta else "-"
-        return head + [Part.of(6, f"return {ret_s}", f"ret {ret_s}", shorten=4),
+        self.eval = m.get("eval_return_mean", self.eval)
+        evaluated = [] if self.eval is None else [Part.of(6, f"eval {self.eval:.1f}")]
+        return head + [Part.of(6, f"return {ret_s}", f"ret {ret_s}", shorten=4), *evaluated,
                        Part.of(5, f"kl {m['kl_rollout']:.4f}"),
                        Part.of(7, f"kill {m.get('frac_kill', math.nan):.3f}"),
                        Part.of(7, f"beta {beta}")] + tail

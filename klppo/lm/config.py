@@ -107,7 +107,7 @@ class RLHFConfig:
     """proportional horizon in episodes (None: iterations * batch_size / 30, at least
     batch_size, so that one update moves beta by at most the rule's clip, 20%); a horizon of
     batch_size / 5 or less is refused (one update could take beta to 0)"""
-    hold: Annotated[bool, _flag("kl.hold", "hold")] = False
+    hold: bool = False
     """hold beta at its initial value until the KL first reaches the target (a warning when a
     quarter of the iterations pass without it: the start beta may be too strong). The KL to the
     reference starts at 0 and, on a real LM, hardly comes back down once it has grown: a rule

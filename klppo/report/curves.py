@@ -115,8 +115,28 @@ def _panel(ax, by_base: dict[str, list[Run]], colour: dict[str, tuple[float, flo
         ax.plot(grid, mean, color=colour[base], lw=3.2 if wide else 1.5,
                 alpha=0.75 if wide else 1.0)
         ax.fill_between(grid, mean - half, mean + half, alpha=0.15, color=colour[base], lw=0)
+    for base, rs in by_base.items():
+        steps, values = eval_curve(rs)
+        if steps:
+            ax.plot(steps, values, color=colour[base], **EVAL_STYLE)
     ax.grid(alpha=0.3)
     return same
+
+
+#: how the deterministic evaluations (eval_every) are drawn beside the training return
+EVAL_STYLE = {"ls": ":", "marker": "o", "ms": 3, "lw": 1.2}
+
+
+def eval_curve(rs: list[Run]) -> tuple[list[int], list[float]]:
+    """The mean over ``rs`` of their deterministic evaluations (``eval_return_mean``, logged
+    with ``eval_every``) at the steps every one of them evaluated; ``([], [])`` if none did."""
+    at: dict[int, list[float]] = defaultdict(list)
+    for r in rs:
+        for m in r.metrics:
+            if m.get("eval_return_mean") is not None:
+                at[m["global_step"]].append(m["eval_return_mean"])
+    steps = sorted(k for k, v in at.items() if len(v) == len(rs))
+    return steps, [float(np.mean(at[k])) for k in steps]
 
 
 def _legend_labels(bases: list[str], seeds: dict[str, set[int]],
@@ -167,16 +187,20 @@ def learning_curves(env: str, runs: list[Run], smooth: int = 1):
     handles = [Line2D([], [], color=colour[b], **(
         IDENTICAL_STYLE if same_at[b] else {"lw": 3.2, "alpha": 0.75} if b in twins else
         {"lw": 1.5})) for b in bases]
+    names = [labels[b] for b in bases]
+    if any(eval_curve(rs)[0] for p in points.values() for rs in p.values()):
+        handles.append(Line2D([], [], color="grey", **EVAL_STYLE))
+        names.append("deterministic evaluation (eval_every)")
     title = f"{env}: training-episode return ({window_text(smooth)})"
     if len(order) == 1:
         axes[0, 0].set_title(title + (f"\n{point_label(order[0])}" if order[0] else ""),
                              fontsize=10)
-        axes[0, 0].legend(handles, [labels[b] for b in bases], title="condition",
+        axes[0, 0].legend(handles, names, title="condition",
                           title_fontsize=8, fontsize=8, loc="upper left",
                           bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         return fig
     fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.12 if len(bases) > 3 else 0.08, 1, 1))
-    fig.legend(handles, [labels[b] for b in bases], title="condition", title_fontsize=8,
+    fig.legend(handles, names, title="condition", title_fontsize=8,
                fontsize=8, loc="lower center", ncol=min(3, len(bases)), frameon=False)
     return fig

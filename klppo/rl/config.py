@@ -311,6 +311,14 @@ class TrainConfig:
     """parent directory of the run directories named by klppo (when --out is not given)"""
     checkpoint_every: int = field(default=10, metadata=at_least(1))
     """iterations between checkpoints (one is always written at the end)"""
+    eval_every: int = field(default=0, metadata=below(10**9, text="must be an integer >= 0 "
+                                                             "(0: no evaluation)"))
+    """evaluate the policy every N iterations and at the last (0: never): eval_episodes
+    episodes with deterministic actions on their own seeded environment, as klppo eval; logged
+    as eval_return_mean, and the best policy kept in best/ (klppo.load(RUN/best))"""
+    eval_episodes: int = field(default=10, metadata=below(1001, 1, text="must be an integer "
+                                                                  "in [1, 1000]"))
+    """episodes per evaluation (eval_every)"""
     torch_threads: int = field(default=1, metadata=at_least(1))
     """torch intra-op threads (1 is fastest for small networks)"""
     envpool_threads: int = field(default=1, metadata=at_least(1))

@@ -20,7 +20,7 @@ from klppo.core.surrogates import SHAPES, SOFT_SHAPES
 from klppo.rl import bounds
 from klppo.rl.actuate import check_actuator
 from klppo.rl.band_control import check_band_controller
-from klppo.rl.config import Cadence, KLMeasure, TrainConfig, WandbConfig
+from klppo.rl.config import Cadence, KLMeasure, TrainConfig, WandbConfig, is_multiagent
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import check_ranges
 from klppo.runs.typecheck import short_repr
@@ -44,6 +44,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _validate_numbers(cfg)
     _validate_kl(cfg)
     _validate_wandb(cfg.wandb)
+    if cfg.eval_every and is_multiagent(cfg.env):
+        raise _bad("eval_every", cfg.eval_every, "evaluation during training is for "
+                   "single-agent runs (a multi-agent run: klppo eval after it)")
     return cfg
 
 

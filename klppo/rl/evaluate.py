@@ -27,7 +27,11 @@ from klppo.runs.rundir import write_json_atomic
 from klppo.runs.threads import compute_threads
 
 __all__ = ["EvalResult", "RenderingUnavailable", "evaluate", "eval_path", "read_eval",
-           "episodes_text", "EVAL_FILE"]
+           "episodes_text", "run_episodes", "EVAL_FILE", "EVAL_SEED"]
+
+#: the first episode's seed of an evaluation (klppo eval's default, and every evaluation during
+#: training): far from any training seed
+EVAL_SEED = 1_000_000
 
 EVAL_FILE = "eval.json"
 
@@ -74,6 +78,17 @@ def _make_env(policy: Policy, video_dir: Path | None) -> gym.Env:
         raise RenderingUnavailable(f"{env_id} renders no rgb_array frames")
     return gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda k: True,
                                     name_prefix="eval", disable_logger=True)
+
+
+def run_episodes(env: gym.Env, policy: Policy, episodes: int, seed: int,
+                 deterministic: bool = True,
+                 gen: torch.Generator | None = None) -> tuple[list[float], list[int]]:
+    """The returns and lengths of ``episodes`` episodes of ``policy`` on ``env``, episode ``k``
+    reset with ``seed + k``: the one definition of an evaluation (``klppo eval`` and the
+    evaluations during training, ``eval_every``)."""
+    gen = gen if gen is not None else torch.Generator().manual_seed(seed)
+    runs = [_episode(env, policy, seed + k, deterministic, gen) for k in range(episodes)]
+    return [r for r, _ in runs], [n for _, n in runs]
 
 
 def _episode(env: gym.Env, policy: Policy, seed: int, deterministic: bool,
@@ -142,7 +157,7 @@ def episodes_text(n: int) -> str:
 
 @compute_threads(torch_threads=1)  # one small network per step: more threads only contend
 def evaluate(run_dir: str | Path, episodes: int = 10, deterministic: bool = True,
-             seed: int = 1_000_000, video_dir: str | Path | None = None,
+             seed: int = EVAL_SEED, video_dir: str | Path | None = None,
              out: str | Path | None = None, force: bool = False,
              write: bool = True) -> EvalResult:
     """Run ``episodes`` episodes of the run's policy and write the result (``out``, else
@@ -167,14 +182,12 @@ def evaluate(run_dir: str | Path, episodes: int = 10, deterministic: bool = True
             raise ValueError(str(e)) from None
     vdir = None if video_dir is None else Path(video_dir)
     env = _make_env(policy, vdir)
-    gen = torch.Generator().manual_seed(seed)
     try:
-        runs = [_episode(env, policy, seed + k, deterministic, gen) for k in range(episodes)]
+        returns, lengths = run_episodes(env, policy, episodes, seed, deterministic)
     finally:
         env.close()
-    returns = [r for r, _ in runs]
     videos = sorted(str(p) for p in vdir.glob("*.mp4")) if vdir is not None else []
-    result = EvalResult(episodes, deterministic, seed, returns, [n for _, n in runs],
+    result = EvalResult(episodes, deterministic, seed, returns, lengths,
                         float(np.mean(returns)), float(np.std(returns)), videos,
                         str(path or ""))
     if path is not None:

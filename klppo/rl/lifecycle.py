@@ -78,6 +78,9 @@ class RunTrainer:
 
     def close(self) -> None:
         self.env.close()
+        evaluator = getattr(self, "evaluator", None)
+        if evaluator is not None:
+            evaluator.close()
 
 
 def read_run_config(run_dir: str | Path, what: str = "resume") -> TrainConfig:

@@ -30,7 +30,7 @@ from klppo.runs import checkpoint as ckpt
 from klppo.runs.errors import InputError, RunNotFoundError
 from klppo.runs.owned import owned_reason
 
-__all__ = ["Policy", "load", "load_policies"]
+__all__ = ["Policy", "load", "load_policies", "policy_from_state"]
 
 
 class Policy:
@@ -254,8 +254,9 @@ def _check_spaces(saved: dict, obs_dim: int, act_space: gym.Space, where: Path,
                                    f"checkpoint's network (its Gaussian head); {hint}")
 
 
-def _policy(cfg: TrainConfig, state: Any, obs_space: gym.Space, act_space: gym.Space,
-            source: str, spaces_file: Path | None = None) -> Policy:
+def policy_from_state(cfg: TrainConfig, state: Any, obs_space: gym.Space,
+                      act_space: gym.Space, source: str,
+                      spaces_file: Path | None = None) -> Policy:
     """A :class:`Policy` from one learner's checkpointed state (network and normaliser);
     :class:`~klppo.runs.checkpoint.CheckpointError` naming ``source`` (the checkpoint) and
     the mismatch when the state does not fit the run's config (another run's checkpoint)."""
@@ -353,7 +354,8 @@ def load(run_dir: str | Path, policy: str | None = None) -> Policy:
     state = _checkpoint(run_dir)
     obs_space, act_space = _spaces(run_dir, cfg)
     recorded = run_dir / SPACES if (run_dir / SPACES).exists() else None
-    pol = _policy(cfg, state, obs_space, act_space, str(run_dir / ckpt.CHECKPOINT), recorded)
+    pol = policy_from_state(cfg, state, obs_space, act_space, str(run_dir / ckpt.CHECKPOINT),
+                            recorded)
     pol.run_dir = run_dir
     return pol
 
@@ -383,7 +385,7 @@ def load_policies(run_dir: str | Path) -> dict[str, Policy]:
         have = sorted(saved) if isinstance(saved, dict) else None
         raise ckpt.CheckpointError(f"{source}: holds the policies {have}, the run's "
                                    f"config.yaml {sorted(configs)}")
-    return {p: _policy(configs[p], saved[p], obs_spaces[p], act_spaces[p],
+    return {p: policy_from_state(configs[p], saved[p], obs_spaces[p], act_spaces[p],
                        f"{source} (policy {p})") for p in configs}
 
 

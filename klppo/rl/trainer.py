@@ -30,6 +30,7 @@ from klppo.rl.envs import (
     make_vector_env,
     restore_env_state,
 )
+from klppo.rl.eval_during import Evaluator
 from klppo.rl.lifecycle import (
     ResumeError,
     RunTrainer,
@@ -118,6 +119,8 @@ class _Trainer(RunTrainer):
         self.collector = Collector(self.env, u.agent, cfg.rollout.num_steps, cfg.seed + 1,
                                    u.obs_norm, u.rew_scale, u.weights)
         self.monitor = ExplosionMonitor()
+        self.evaluator = (Evaluator(cfg, run_dir, self.env.single_observation_space,
+                                    self.env.single_action_space) if cfg.eval_every else None)
         self.iteration = 0
         self.global_step = 0
         #: the torch RNG state this run's own process would hold (runs share a process): what
@@ -141,6 +144,7 @@ class _Trainer(RunTrainer):
             "collector": self.collector.state_dict(),
             "torch_rng": self.own_torch_rng,
             "env": env_state(self.env),
+            **(self.evaluator.state_dict() if self.evaluator is not None else {}),
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> list[str]:
@@ -150,6 +154,8 @@ class _Trainer(RunTrainer):
         self.collector.load_state_dict(s["collector"])
         torch.set_rng_state(s["torch_rng"])
         self.own_torch_rng = torch.get_rng_state()
+        if self.evaluator is not None:
+            self.evaluator.load_state_dict(s)
         problems = list(restore_env_state(self.env, s.get("env"), self.cfg.env))
         if problems:  # the env could not be restored: start new episodes, deterministically
             self.collector.reset(self.cfg.seed + self.iteration)
@@ -161,8 +167,11 @@ class _Trainer(RunTrainer):
 
     def describe(self, m: dict[str, Any]) -> str:
         """A short summary of one iteration's metrics (for the log)."""
-        return (f"step {self.global_step} return {m['episode_return_mean']} "
+        text = (f"step {self.global_step} return {m['episode_return_mean']} "
                 f"kl {m['kl_rollout']:.4g}")
+        if "eval_return_mean" in m:
+            text += f" eval {m['eval_return_mean']:.4g}"
+        return text
 
     # ---------------------------------------------------------------- what the group asks
     def start_iteration(self, it: int) -> float:
@@ -190,8 +199,11 @@ class _Trainer(RunTrainer):
     def iteration_metrics(self, it: int, episodes: Any, reports: dict[str, dict[str, Any]],
                           lr: float) -> dict[str, Any]:
         """One iteration's metrics from its episodes and the policy's report."""
-        return {"iteration": it, "global_step": self.global_step,
-                **episode_means(episodes.returns, episodes.lengths), "lr": lr, **reports[""]}
+        m = {"iteration": it, "global_step": self.global_step,
+             **episode_means(episodes.returns, episodes.lengths), "lr": lr, **reports[""]}
+        if self.evaluator is not None and self.evaluator.due(it, self.num_iterations):
+            m.update(self.evaluator.evaluate(it, self.unit.state_dict()))
+        return m
 
 
 @functools.cache

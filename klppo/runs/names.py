@@ -27,12 +27,12 @@ NAMESPACES: dict[str, str] = {
     "early_stop": "policy", "epochs": "policy", "minibatch_steps": "policy",
     "kl": "kl", "beta": "kl", "controller_": "kl", "clip_eps": "kl", "actuator_": "kl",
     "update_fraction": "policy", "bapo_": "policy", "ent_coef": "policy",
-    "mismatch_": "policy",
+    "mismatch_": "policy", "eval_": "eval",
     "sps": "perf", "time_": "perf",
 }
 
 #: the word of a namespace that a key in it does not repeat (``kl_k3`` -> ``kl/k3``)
-_OWN_WORD = {"kl": "kl_"}
+_OWN_WORD = {"kl": "kl_", "eval": "eval_"}
 
 #: library -> {klppo key: (the library's name, scale)}: the library's value is ``scale`` times
 #: klppo's (SB3's ``train/value_loss`` is the mean squared error, klppo's ``value_loss`` half of
@@ -64,6 +64,8 @@ ALIASES: dict[str, dict[str, tuple[str, float]]] = {
         "kl_k3": ("train/approx_kl", 1.0),
         "clip_fraction": ("train/clip_fraction", 1.0),
         "explained_variance": ("train/explained_variance", 1.0),
+        "eval_return_mean": ("eval/mean_reward", 1.0),
+        "eval_length_mean": ("eval/mean_ep_length", 1.0),
     },
 }
 

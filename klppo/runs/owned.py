@@ -40,6 +40,7 @@ RUN_OWNED = {
     "worker.log": "its worker's log",
     "wandb": "its Weights & Biases files",
     "policy": "its exported policy",
+    "best": "its best evaluated policy",
     "events.out.tfevents.*": "its TensorBoard events",
 }
 #: what a sweep directory owns

@@ -35,6 +35,9 @@ CASES = {
     # stale rollouts: the past policies the rollouts act with are checkpointed
     "cartpole_stale": ("klip/cartpole", ["--total-steps", "3072", "--ppo.staleness", "2",
                                          "--ppo.mismatch-correction", "tis"]),
+    # evaluations during training (their best kept): the same numbers after a resume
+    "cartpole_eval": ("klip/cartpole", ["--total-steps", "3072", "--eval-every", "2",
+                                        "--eval-episodes", "2"]),
     "lunarlander": ("klip/lunarlander", ["--total-steps", "8192", "--rollout.num-steps", "128"]),
     "hopper": ("klip/hopper", ["--total-steps", "2560", "--rollout.num-steps", "512"]),
     "ant_v5": ("klip/ant-v5", ["--total-steps", "1280", "--rollout.num-steps", "256"]),
