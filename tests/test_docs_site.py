@@ -91,3 +91,43 @@ def test_the_browser_check_finds_a_broken_link_an_anchor_and_an_image(tmp_path, 
     assert "gone.html: no such file" in err and "no element with id 'nope'" in err
     assert "image" in err and "did not render" in err
     assert "missing.png answered 404" in err  # a failed load names its file
+
+
+def test_every_results_snapshot_gets_a_navigation_entry(tmp_path):
+    build = _tool("build_docs")
+    results = tmp_path / "results"
+    for name, page in (("b-run", "README.md"), ("a-run", "summary.md"), ("empty", None)):
+        (results / name).mkdir(parents=True)
+        (results / name / "final_returns.md").write_text("| x |")
+        if page:
+            (results / name / page).write_text("# x")
+    pages = build.snapshot_pages(results)
+    assert pages == [("a-run", "results/a-run/summary.md"), ("b-run", "results/b-run/README.md"),
+                     ("empty", "results/empty/final_returns.md")]
+    cfg = build.site_config((ROOT / "mkdocs.yml").read_text(), pages)
+    nav = cfg.split(build.RESULTS_ANCHOR, 1)[1]
+    assert nav.startswith("      - a-run: results/a-run/summary.md\n"
+                          "      - b-run: results/b-run/README.md\n")
+    assert cfg.endswith("not_in_nav: |\n  /results/**/*.md\n  !/results/a-run/summary.md\n"
+                        "  !/results/b-run/README.md\n  !/results/empty/final_returns.md\n")
+    assert "docs_dir: docs-src" in cfg and "site_dir: site" in cfg  # relative to build/
+    # the repository's own: every snapshot folder of docs/results has an entry
+    have = {label for label, _ in build.snapshot_pages()}
+    assert have == {p.name for p in (ROOT / "docs" / "results").iterdir() if p.is_dir()}
+
+
+def test_the_browser_check_finds_a_page_too_wide_and_a_snapshot_out_of_the_navigation(
+        tmp_path, capsys):
+    pytest.importorskip("playwright")
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    check = _tool("check_site")
+    site = tmp_path / "site"
+    (site / "results" / "rlhf-compare").mkdir(parents=True)  # a snapshot's page, not linked
+    (site / "results" / "rlhf-compare" / "summary.html").write_text("<html><body>s</body></html>")
+    (site / "index.html").write_text(
+        '<html><body><div style="width:2000px">wide</div></body></html>')
+    assert check.main([str(site)]) == 1
+    err = capsys.readouterr().err
+    assert "index.html: 2008 px wide, wider than a 1280 px window" in err  # with the margin
+    assert "no navigation link to the results snapshot rlhf-compare" in err

@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import sys
 import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: the packages documented (klppo.cli is the command line: its --help is its reference)
-PACKAGES = ["klppo.core", "klppo.nn", "klppo.rl", "klppo.runs", "klppo.experiments",
-            "klppo.replay", "klppo.report", "klppo.integrations", "klppo.lm"]
+#: the packages documented (klppo.cli is the command line: its --help is its reference), in the
+#: index's order: what users call first, the internals (the engine, networks, run directories)
+#: after
+PACKAGES = ["klppo.core", "klppo.rl", "klppo.integrations", "klppo.lm", "klppo.report",
+            "klppo.experiments", "klppo.replay", "klppo.nn", "klppo.runs"]
+#: modules the index lists under "Internals" (with their submodules)
+INTERNAL = ("klppo.nn", "klppo.runs", "klppo.rl.engine")
 #: top-level modules of optional extras: a klppo module that needs a missing one is left out
 EXTRAS = {"transformers", "tokenizers", "vaderSentiment", "torchrl", "tensordict", "ray",
           "wandb", "tensorboard", "mujoco", "Box2D", "pettingzoo", "mpe2", "moviepy", "onnx",
@@ -45,7 +50,7 @@ def modules() -> tuple[list[str], list[str]]:
             except ImportError as e:  # an integration's own refusal: its extra is missing
                 if not name.startswith("klppo.integrations."):
                     raise
-                missing.append(f"{name} ({' '.join(str(e).split())[:100]})")
+                missing.append(f"{name} ({' '.join(str(e).split())[:160]})")
                 continue
             found.append(name)
     return found, missing
@@ -68,15 +73,22 @@ def main(argv: list[str]) -> int:
     # a package without __all__ brings its modules itself; they are named once more below
     warnings.filterwarnings("ignore", message="The module specification .* adds a module named")
     public = [m for m in found if not any(part.startswith("_") for part in m.split("."))]
-    left_out = [f"!{m.split(' ')[0]}" for m in missing]
+    absent_names = [m.split(" ")[0] for m in missing]
+    # exactly these modules and their submodules (pdoc's "!" is a regular expression matched at
+    # the start: "!a.trl" would also leave out "a.trl_gradients")
+    left_out = [f"!{re.escape(n)}(\\.|$)" for n in absent_names]
+    for n in absent_names:  # pdoc imports them again to list a package's submodules
+        warnings.filterwarnings("ignore", message=f"(Couldn't import|Error loading) {n}")
     pdoc.pdoc("klppo", *public, *left_out, output_directory=out)
+    for m in missing:
+        stub_page(out, m)
     pages = sorted(p.relative_to(out) for p in out.rglob("*.html") if p.name != "index.html")
     absent = [m for m in public if Path(*m.split(".")).with_suffix(".html") not in pages]
     if absent:
         print(f"api: no page for {absent}", file=sys.stderr)
         return 1
     unlinked = sum(unlink_missing_anchors(out / p) for p in pages)
-    write_index(out, public)
+    write_index(out, public, missing)
     print(f"api: {len(pages)} module pages -> {out / 'index.html'} ({unlinked} links to "
           f"members pdoc does not render made plain text)")
     return 0
@@ -104,17 +116,46 @@ def unlink_missing_anchors(page: Path) -> int:
     return count
 
 
+def source_docstring(module: str) -> str:
+    """``module``'s docstring read from its source, without importing it."""
+    import ast
+
+    base = ROOT / module.replace(".", "/")
+    path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def stub_page(out: Path, missing: str) -> None:
+    """The page of a module left out because its optional extra is not installed here: its
+    docstring (read from the source) and how to get the full page."""
+    import html
+
+    name, _, why = missing.partition(" ")
+    page = out / Path(*name.split(".")).with_suffix(".html")
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(name)}</title>"
+        f"</head><body style='font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem "
+        f"auto'><h1><code>{html.escape(name)}</code></h1><p><em>Its optional extra was not "
+        f"installed where this reference was built {html.escape(why)}: the page below is the "
+        f"module's docstring; install the extra and run <code>make docs</code> for its "
+        f"members.</em></p><pre style='white-space:pre-wrap'>"
+        f"{html.escape(source_docstring(name))}</pre></body></html>\n")
+
+
 def first_line(module: str) -> str:
-    """The first sentence-line of ``module``'s docstring (imported above)."""
+    """The first sentence-line of ``module``'s docstring (imported above, else read from its
+    source)."""
     import re
 
-    doc = (sys.modules[module].__doc__ or "").strip()
+    loaded = sys.modules.get(module)
+    doc = ((loaded.__doc__ if loaded is not None else source_docstring(module)) or "").strip()
     first = doc.split("\n\n")[0].replace("\n", " ") if doc else ""
     first = re.sub(r":\w+:`~?([^`]+)`", r"\1", first)  # :class:`~a.B` -> a.B
     return first.replace("``", "")
 
 
-def write_index(out: Path, public: list[str]) -> None:
+def write_index(out: Path, public: list[str], missing: list[str] = ()) -> None:
     """``out/index.html``: the module tree, a package per section, each module with the first
     paragraph of its docstring (pdoc's own index would open on the top package's page, which
     lists ``load`` and links to no module)."""
@@ -128,17 +169,31 @@ def write_index(out: Path, public: list[str]) -> None:
              "<p>Every public module, by package, from the docstrings "
              "(<a href='klppo.html'>klppo</a>: <code>klppo.load</code>). The command line "
              "documents itself: <code>klppo --help</code>.</p>"]
-    for pkg in PACKAGES:
-        mods = [m for m in public if m == pkg or m.startswith(pkg + ".")]
-        if not mods:
-            continue
-        parts.append(f"<h2><a href='{pkg.replace('.', '/')}.html'>{e(pkg)}</a></h2>"
-                     f"<p>{e(first_line(pkg))}</p><ul>")
-        for m in mods[1:] if mods[0] == pkg else mods:
-            parts.append(f"<li><a href='{m.replace('.', '/')}.html'><code>{e(m)}</code></a> "
-                         f"<span>{e(first_line(m))}</span></li>")
-        parts.append("</ul>")
+    absent = {m.split(" ")[0] for m in missing}
+    listed = sorted({*public, *absent}, key=lambda m: (PACKAGES.index(_package(m)), m))
+    for title, internal in (("Public API", False), ("Internals", True)):
+        parts.append(f"<h2>{title}</h2>")
+        for pkg in PACKAGES:
+            mods = [m for m in listed if _package(m) == pkg and _internal(m) == internal]
+            if not mods:
+                continue
+            head = pkg if _internal(pkg) == internal else f"{pkg} (internals)"
+            parts.append(f"<h3><a href='{pkg.replace('.', '/')}.html'>{e(head)}</a></h3>"
+                         f"<p>{e(first_line(pkg))}</p><ul>")
+            for m in (x for x in mods if x != pkg):
+                note = " (its extra not installed here)" if m in absent else ""
+                parts.append(f"<li><a href='{m.replace('.', '/')}.html'><code>{e(m)}</code></a>"
+                             f" <span>{e(first_line(m))}{note}</span></li>")
+            parts.append("</ul>")
     (out / "index.html").write_text("".join(parts) + "</body></html>\n")
+
+
+def _package(module: str) -> str:
+    return next(p for p in PACKAGES if module == p or module.startswith(p + "."))
+
+
+def _internal(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in INTERNAL)
 
 
 if __name__ == "__main__":

@@ -44,14 +44,47 @@ def assemble(src: Path = SRC, api: bool = True) -> int:
     return _build_api(src / "api") if api else 0
 
 
+#: the navigation line after which each results snapshot gets its own entry
+RESULTS_ANCHOR = "      - Results snapshots: results/README.md\n"
+
+
+def snapshot_pages(results: Path = ROOT / "docs" / "results") -> list[tuple[str, str]]:
+    """``(label, page)`` of each results snapshot, in name order: its README.md, else its
+    summary.md or final_returns.md (the page a snapshot opens on)."""
+    out = []
+    for d in sorted(p for p in results.iterdir() if p.is_dir()):
+        page = next((d / n for n in ("README.md", "summary.md", "final_returns.md")
+                     if (d / n).is_file()), None)
+        if page is not None:
+            out.append((d.name, page.relative_to(results.parent).as_posix()))
+    return out
+
+
+def site_config(src: str, pages: list[tuple[str, str]]) -> str:
+    """mkdocs.yml (``src``) with every snapshot in the navigation under Results, paths made
+    relative to build/ where the generated file lives, and the snapshots' other pages (tables,
+    equivalence checks, per-task pages, reached from their snapshot's page) left out of the
+    navigation on purpose (``not_in_nav``)."""
+    if RESULTS_ANCHOR not in src:
+        raise ValueError(f"mkdocs.yml: no navigation line {RESULTS_ANCHOR.strip()!r}")
+    entries = "".join(f"      - {label}: {page}\n" for label, page in pages)
+    src = src.replace(RESULTS_ANCHOR, RESULTS_ANCHOR + entries, 1)
+    src = src.replace("docs_dir: build/docs-src", "docs_dir: docs-src")
+    src = src.replace("site_dir: build/site", "site_dir: site")
+    keep = "".join(f"  !/{page}\n" for _, page in pages)
+    return src + f"not_in_nav: |\n  /results/**/*.md\n{keep}"
+
+
 def main(argv: list[str]) -> int:
     api = "--no-api" not in argv
     if assemble(api=api) != 0:
         return 1
+    config = ROOT / "build" / "mkdocs.yml"
+    config.write_text(site_config((ROOT / "mkdocs.yml").read_text(), snapshot_pages()))
     # not --quiet: mkdocs counts the warnings that --strict turns into errors from its log
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
-                           "-f", str(ROOT / "mkdocs.yml")], cwd=ROOT, env=env)
+                           "-f", str(config)], cwd=ROOT, env=env)
     if done.returncode != 0:
         print("docs: mkdocs build failed (warnings are errors)", file=sys.stderr)
         return done.returncode

@@ -26,7 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """() => ({
   images: [...document.images].map(i => [i.currentSrc || i.src, i.complete, i.naturalWidth]),
   links: [...document.querySelectorAll('a[href]')].map(a => a.href),
+  width: document.documentElement.scrollWidth,
 })"""
+
+#: the window width every page must fit without scrolling sideways (a wide table or code block
+#: scrolls inside its own box)
+WIDTH = 1280
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -34,9 +39,17 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A page closed while its request was answered (the checker moves on once a page
+        has loaded): not a problem of the site."""
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 def serve(site: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     handler = functools.partial(_Quiet, directory=str(site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _Server(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
@@ -90,6 +103,8 @@ def check_page(page, url: str, site: Path, base: str, ids: dict) -> tuple[list[s
     page.goto(url, wait_until="load")
     found = page.evaluate(PROBE)
     problems = [f"{url}: {e}" for e in errors]
+    if found["width"] > WIDTH:
+        problems.append(f"{url}: {found['width']} px wide, wider than a {WIDTH} px window")
     for src, complete, width in found["images"]:
         if not complete or width == 0:
             problems.append(f"{url}: image {src[:80]} did not render")
@@ -102,6 +117,25 @@ def check_page(page, url: str, site: Path, base: str, ids: dict) -> tuple[list[s
         if why is not None:
             problems.append(f"{url}: link {why}")
     return problems, outside
+
+
+def unlisted_snapshots(site: Path) -> list[str]:
+    """Each results snapshot (docs/results/NAME/) in the site must be in the navigation, which
+    every page carries: the home page links its page."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from build_docs import snapshot_pages
+
+    home = (site / "index.html").read_text(errors="replace")
+    links = set(re.findall(r'href="([^"#]+)', home))
+    return [f"index.html: no navigation link to the results snapshot {label} ({page})"
+            for label, page in snapshot_pages()
+            if (site / _html(page)).is_file() and _html(page) not in links]
+
+
+def _html(page: str) -> str:
+    """The site's file of a docs page (mkdocs makes README.md a folder's index.html)."""
+    return (page[:-len("README.md")] + "index.html" if page.endswith("README.md")
+            else page[:-3] + ".html")
 
 
 def main(argv: list[str]) -> int:
@@ -120,7 +154,7 @@ def main(argv: list[str]) -> int:
         if browser is None:
             return 2
         for path in pages:
-            page = browser.new_page()
+            page = browser.new_page(viewport={"width": WIDTH, "height": 900})
             url = urljoin(base, str(path.relative_to(site)))
             found, out = check_page(page, url, site, base, ids)
             problems += found
@@ -128,6 +162,7 @@ def main(argv: list[str]) -> int:
             page.close()
         browser.close()
     server.shutdown()
+    problems += unlisted_snapshots(site)
     for p in problems:
         print(f"check_site: {p}", file=sys.stderr)
     print(f"check_site: {len(pages)} pages, {len(problems)} problems, {outside} links that "
