@@ -306,3 +306,20 @@ def test_heads_of_any_shape_and_family_with_per_head_entropy_coefficients():
     # the mixture): present, finite, one number
     assert out["loss_entropy"].shape == () and torch.isfinite(out["loss_entropy"])
     assert set(out["composite_entropy"].keys(True, True)) == set(lp_keys.values())
+
+
+@pytest.mark.parametrize("cls", ["KLPENPPOLoss", "KLipPPOLoss"])
+def test_a_log_probability_of_the_wrong_shape_names_its_key(cls):
+    import klppo.integrations.torchrl as K
+
+    heads = ("tanh", "cat")
+    with set_composite_lp_aggregate(False):
+        actor, value = composite_actor(heads), critic()
+        td = collect(actor, value)
+        td["action", "tanh_log_prob"] = torch.zeros(td.shape[0], 5)
+        loss = loss_keys(getattr(K, cls)(actor, value), heads)
+        with pytest.raises(RuntimeError, match=r"the log-probabilities it reads have shapes "
+                                               r"\('action', 'tanh_log_prob'\): \[32, 5\], "
+                                               r"\('action', 'cat_log_prob'\): \[32\], the "
+                                               r"batch \[32\]"):
+            loss(td)

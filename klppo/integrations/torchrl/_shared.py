@@ -73,3 +73,25 @@ def reduce(loss, td_out: TensorDictBase, tensordict: TensorDictBase) -> TensorDi
         lambda name, value: loss._reduce_loss(value, tensordict).squeeze(-1)
         if name.startswith("loss_") else value,
     )
+
+
+def log_weight_named(loss: Any, tensordict: Any, adv_shape: Any) -> Any:
+    """TorchRL's ``loss._log_weight(tensordict, adv_shape=...)``; a shape mismatch in it (a
+    log-probability that does not hold one value per sample) is re-raised as the same
+    RuntimeError naming each log-probability key it reads and its shape beside the batch's."""
+    try:
+        return loss._log_weight(tensordict, adv_shape=adv_shape)
+    except RuntimeError as e:
+        text = str(e)
+        if "size of tensor" not in text and "shape" not in text:
+            raise
+        keys = loss.tensor_keys.sample_log_prob
+        keys = keys if isinstance(keys, list) else [keys]
+        have = set(tensordict.keys(True, True))
+        shapes = ", ".join(f"{k}: {list(tensordict.get(k).shape)}" for k in keys if k in have)
+        if not shapes:
+            raise
+        raise RuntimeError(f"{type(loss).__name__}: the log-probabilities it reads have shapes "
+                           f"{shapes}, the batch {list(tensordict.batch_size)}: each must hold "
+                           f"one value per sample (summed over the action's features) "
+                           f"[{text.splitlines()[0]}]") from e

@@ -34,6 +34,7 @@ from klppo.integrations.torchrl._shared import (
     advantage,
     entropy_and_critic,
     extend_signature,
+    log_weight_named,
     reduce,
 )
 
@@ -98,7 +99,7 @@ class KLipPPOLoss(_ppo.ClipPPOLoss):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         tensordict = tensordict.clone(False)
         adv = advantage(self, tensordict, padded=True)
-        log_weight, dist, kl_approx, _ = self._log_weight(tensordict, adv_shape=adv.shape[:-1])
+        log_weight, dist, kl_approx, _ = log_weight_named(self, tensordict, adv.shape[:-1])
         adv = _ppo._broadcast_advantage_to_log_weight(adv, log_weight)
         _ppo._check_advantage_broadcast(adv, log_weight)
         with torch.no_grad():  # TorchRL's ESS diagnostic

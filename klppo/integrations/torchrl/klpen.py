@@ -39,6 +39,7 @@ from klppo.integrations.torchrl._shared import (
     advantage,
     entropy_and_critic,
     extend_signature,
+    log_weight_named,
     reduce,
 )
 
@@ -232,8 +233,8 @@ class KLPENPPOLoss(_ppo.KLPENPPOLoss):
         tensordict_copy = tensordict.copy()
         previous_dist = self._previous_dist(tensordict, tensordict_copy)
         adv = advantage(self, tensordict_copy, padded=False)
-        log_weight, dist, kl_approx, log_is_weight = self._log_weight(
-            tensordict_copy, adv_shape=adv.shape[:-1])
+        log_weight, dist, kl_approx, log_is_weight = log_weight_named(
+            self, tensordict_copy, adv.shape[:-1])
         adv = _ppo._broadcast_advantage_to_log_weight(adv, log_weight)
         _ppo._check_advantage_broadcast(adv, log_weight)
         if log_is_weight is not None:  # the surrogate is weighted by pi_theta / pi_behav
