@@ -48,7 +48,7 @@ from torch.utils.checkpoint import checkpoint
 
 from klppo.core._checks import check_same_shape, check_shapes_only, check_tensor
 
-Estimator = Literal["k1", "k2", "k3", "abs", "k3_flipped", "tutorial"]
+Estimator = Literal["k1", "k2", "k3", "abs", "k3_flipped", "tutorial", "k1+", "k3+"]
 KLUnit = Literal["per_sample_mean", "per_token_mean", "per_sequence_sum", "per_sequence_mean"]
 
 __all__ = [
@@ -109,6 +109,25 @@ def tutorial_kl(log_r: torch.Tensor) -> torch.Tensor:
     return -log_r * _xp(log_r).exp(-log_r)
 
 
+def _straight_through(value: Any, grad_of: Any) -> Any:
+    """``value`` forward, the gradient of ``grad_of`` backward (``g - sg(g) + sg(v)``); on numpy
+    arrays the value alone (the fast path takes gradients from :data:`ESTIMATOR_GRADS`)."""
+    if isinstance(value, np.ndarray):
+        return value
+    return grad_of - grad_of.detach() + value.detach()
+
+
+def k1_plus(log_r: torch.Tensor) -> torch.Tensor:
+    """verl's ``k1+``: the value of :func:`k1`, the gradient of :func:`k2` (straight through)."""
+    return _straight_through(k1(log_r), k2(log_r))
+
+
+def k3_plus(log_r: torch.Tensor) -> torch.Tensor:
+    """verl's ``k3+``: the value of :func:`k3`, the gradient of :func:`k2` (straight through;
+    verl also clamps its k3, which this does not)."""
+    return _straight_through(k3(log_r), k2(log_r))
+
+
 #: name -> function of ``log r = log p - log q`` on samples from q. One small table, no if/elif.
 #: name -> per-sample estimate of log w (torch tensors and numpy arrays alike)
 ESTIMATORS: dict[str, Callable[[Any], Any]] = {
@@ -118,6 +137,8 @@ ESTIMATORS: dict[str, Callable[[Any], Any]] = {
     "abs": abs_kl,
     "k3_flipped": k3_flipped,
     "tutorial": tutorial_kl,
+    "k1+": k1_plus,
+    "k3+": k3_plus,
 }
 
 #: estimators whose mean is not KL(q || p): selectable to reproduce a peer, with a warning
@@ -132,6 +153,8 @@ ESTIMATOR_GRADS: dict[str, Callable[[Any], Any]] = {
     "abs": lambda log_r: _xp(log_r).sign(log_r),
     "k3_flipped": lambda log_r: -_xp(log_r).expm1(-log_r),
     "tutorial": lambda log_r: (log_r - 1) * _xp(log_r).exp(-log_r),
+    "k1+": lambda log_r: log_r,  # straight through: k2's
+    "k3+": lambda log_r: log_r,
 }
 
 

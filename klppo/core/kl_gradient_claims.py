@@ -18,6 +18,10 @@ Derivations (``d = log pi - log pi_ref``, ``s = grad log pi``, ``E`` over ``pi``
   Per token over sequences, every one of them misses how a token changes the later states
   (Tang & Munos, arXiv:2506.09477), so only the sequence-level ``k2`` / ``k3`` keep their
   one-action answer;
+* verl's straight-through ``k1+`` / ``k3+`` (the value of ``k1`` / ``k3``, the gradient of
+  ``k2``): in the reward only the value counts (as ``k1`` / ``k3``); in the loss the gradient is
+  ``k2``'s (reverse on-policy, one action or the sequence log-ratio; per token over sequences
+  neither), and a differentiated ratio adds ``E[s k]`` of the value to it: neither;
 * a detached ratio ``pi / mu`` on the per-sample gradient gives back the on-policy expectation
   exactly, whatever the estimator; no ratio gives neither (the samples are mu's);
 * a differentiated ratio in the loss gives ``grad E_pi[K]``: reverse exactly for the estimators
@@ -58,23 +62,27 @@ KL_NAMES = {R: "KL(policy || reference), the reverse KL",
 _BIASED = (N, N, N, X, N)
 _ONE_ACTION: dict[str, dict[str, tuple[str | None, ...]]] = {
     "reward": {"k1": (R, R, R, X, N), "k2": _BIASED, "k3": _BIASED, "abs": _BIASED,
-               "k3_flipped": _BIASED, "tutorial": _BIASED, "full": _BIASED},
+               "k3_flipped": _BIASED, "tutorial": _BIASED, "full": _BIASED,
+               "k1+": (R, R, R, X, N), "k3+": _BIASED},
     "loss": {"k1": (N, N, R, X, N), "k2": (R, R, N, X, N), "k3": (F, F, R, X, N),
              "abs": _BIASED, "k3_flipped": _BIASED, "tutorial": _BIASED,
-             "full": (R, R, R, X, R)},
+             "full": (R, R, R, X, R), "k1+": (R, R, N, X, N), "k3+": (R, R, N, X, N)},
 }
 _TOKENS = (N, N, N, N, N)
 _SEQUENCE: dict[tuple[str, str], dict[str, tuple[str | None, ...]]] = {
     ("reward", "token"): {"k1": (R, R, R, N, N), "k2": _TOKENS, "k3": _TOKENS, "abs": _TOKENS,
-                          "k3_flipped": _TOKENS, "tutorial": _TOKENS, "full": _TOKENS},
+                          "k3_flipped": _TOKENS, "tutorial": _TOKENS, "full": _TOKENS,
+                          "k1+": (R, R, R, N, N), "k3+": _TOKENS},
     ("reward", "sequence"): {"k1": (R, R, R, X, N), "k2": _BIASED, "k3": _BIASED,
-                             "abs": _BIASED, "k3_flipped": _BIASED, "tutorial": _BIASED},
+                             "abs": _BIASED, "k3_flipped": _BIASED, "tutorial": _BIASED,
+                             "k1+": (R, R, R, X, N), "k3+": _BIASED},
     ("loss", "token"): {"k1": (N, N, R, N, N), "k2": _TOKENS, "k3": (N, N, R, N, N),
                         "abs": _TOKENS, "k3_flipped": _TOKENS, "tutorial": _TOKENS,
-                        "full": (N, N, R, N, N)},
+                        "full": (N, N, R, N, N), "k1+": _TOKENS, "k3+": _TOKENS},
     ("loss", "sequence"): {"k1": (N, N, R, X, N), "k2": (R, R, N, X, N),
                            "k3": (F, F, R, X, N), "abs": _BIASED, "k3_flipped": _BIASED,
-                           "tutorial": _BIASED},
+                           "tutorial": _BIASED, "k1+": (R, R, N, X, N),
+                           "k3+": (R, R, N, X, N)},
 }
 
 #: (horizon, placement, granularity, estimator, correction) -> the KL the expected gradient is

@@ -35,7 +35,8 @@ from klppo.core.values import ValueLossKind, explained_variance, value_loss
 ObjectiveName = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl", "cispo",
                         "sapo", "spo", "sq_log_ratio", "r2vpo", "dppo_tv", "dppo_kl", "clip_cov",
                         "kl_cov", "gspo", "gmpo", "trm", "topr"]
-KLEstimatorChoice = Literal["analytic", "k1", "k2", "k3", "abs", "k3_flipped", "tutorial"]
+KLEstimatorChoice = Literal["analytic", "k1", "k2", "k3", "abs", "k3_flipped", "tutorial",
+                            "k1+", "k3+"]
 
 __all__ = ["ObjectiveName", "PPOLoss", "PolicyTerm", "OBJECTIVES", "PER_SAMPLE"]
 

@@ -124,7 +124,7 @@ def _panel(ax, by_base: dict[str, list[Run]], colour: dict[str, tuple[float, flo
 
 
 #: how the deterministic evaluations (eval_every) are drawn beside the training return
-EVAL_STYLE = {"ls": ":", "marker": "o", "ms": 3, "lw": 1.2}
+EVAL_STYLE: dict[str, Any] = {"ls": ":", "marker": "o", "ms": 3, "lw": 1.2}
 
 
 def eval_curve(rs: list[Run]) -> tuple[list[int], list[float]]:
