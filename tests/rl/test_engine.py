@@ -308,3 +308,19 @@ def test_wandb_runs_log_side_by_side_in_a_group(tmp_path, monkeypatch):
     assert [r.init["reinit"] for r in runs] == ["create_new", "create_new"]
     assert [r.logged for r in runs] == [[m["global_step"] for m in x.metrics] for x in res]
     assert [r.init["dir"] for r in runs] == [str(x.run_dir) for x in res]
+
+
+def test_a_group_mixing_normalised_and_raw_runs_equals_each_alone(tmp_path):
+    """Observation and reward normalisation per run: a group of a normalised run, a raw one and
+    one normalising observations only gives each run's numbers alone (a group that normalised
+    every run, or none, would not)."""
+    rolls = [dict(num_envs=2, num_steps=256, norm_obs=True, norm_reward=True),
+             dict(num_envs=2, num_steps=256, norm_obs=False, norm_reward=False),
+             dict(num_envs=2, num_steps=256, norm_obs=True, norm_reward=False)]
+    cfg = lambda out, i: config(out, env="Pendulum-v1", steps=1024, seed=i,  # noqa: E731
+                                rollout=rolls[i])
+    batched = train_batched([cfg(tmp_path / f"b{i}", i) for i in range(3)])
+    ordinary = [rl.train(cfg(tmp_path / f"o{i}", i)) for i in range(3)]
+    assert_engines_agree(batched, ordinary)
+    assert "obs_norm" in checkpoint(batched[0].run_dir)
+    assert checkpoint(batched[1].run_dir).get("obs_norm") is None

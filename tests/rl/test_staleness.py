@@ -66,6 +66,11 @@ def test_the_policy_k_updates_back_collects_and_the_proximal_policy_is_the_updat
     batch = tr.unit.proximal(tr.unit.advantages(buf))
     prox = _logp_under(slot, snaps[3], obs, actions)
     np.testing.assert_array_equal(batch.logp.numpy(), prox)
+    # the distribution parameters too (the analytic KL is taken against them): the current
+    # policy's, not the behaviour's the buffer holds
+    np.testing.assert_array_equal(batch.params.numpy(), slot.log_prob(obs, actions)[0])
+    assert np.abs(batch.params.numpy() - buf.params.numpy().reshape(batch.params.shape)).max() \
+        > 1e-3
     rho = np.exp(prox.astype(np.float64) - behaviour)
     np.testing.assert_allclose(batch.weight.numpy(), np.minimum(rho, 2.0), rtol=1e-5)
     assert tr.unit.mismatch["mismatch_kl_k3"] == pytest.approx(

@@ -91,6 +91,9 @@ def test_each_refusal_says_what_the_file_is_to_the_run(run):
     _refused(owned_reason(run / "metrics.jsonl"), "(its metrics)")
     _refused(owned_reason(run / "config.yaml"), "(its config)")
     _refused(owned_reason(run / ".checkpoint.pt.tmp123"), "(a temp file of its checkpoint)")
+    # the other temp form, NAME.tmp (the metrics' rewrite on a resume)
+    _refused(owned_reason(run / "metrics.jsonl.tmp"), "(a temp file of its metrics)")
+    _refused(owned_reason(run / "best" / "checkpoint.pt"), "(its best evaluated policy)")
     _refused(owned_reason(run / "wandb" / "new.json"), "wandb/ belongs to the run",
              "Weights & Biases")
 
