@@ -110,7 +110,7 @@ class CartPoleSameStep(gym.vector.VectorWrapper):
         obs, rew, term, trunc, info = self.env.step(actions)
         done = term | trunc
         if done.any():
-            base = self.env.unwrapped
+            base: Any = self.env.unwrapped  # gymnasium's CartPoleVectorEnv
             final = np.empty(self.num_envs, dtype=object)
             for i in np.flatnonzero(done):
                 final[i] = obs[i].copy()

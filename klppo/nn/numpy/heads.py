@@ -151,6 +151,8 @@ class Gaussian:
             if g_kl is not None:
                 g_out -= g_kl[:, None] * diff * inv_var
                 g_ls += (g_kl[:, None] * (1 - var_ratio - diff * diff * inv_var)).sum(0)
+            if self.g_log_std is None:
+                raise RuntimeError("Gaussian.backward: this head only acts (no gradient slot)")
             self.g_log_std[:] = g_ls
             return g_out
 
