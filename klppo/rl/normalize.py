@@ -1,0 +1,112 @@
+"""Running normalisers of observations and rewards (per run; a group keeps the same statistics
+stacked, :mod:`klppo.rl.engine.norm`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RunningMeanStd", "ObsNormalizer", "RewardScaler"]
+
+
+def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
+    """``np.clip`` (NaN propagates alike) without its dispatch overhead, per step."""
+    return np.minimum(np.maximum(x, lo), hi)
+
+
+class RunningMeanStd:
+    """Running mean and variance (parallel Welford / Chan et al.), float64."""
+
+    def __init__(self, shape: tuple[int, ...] = ()) -> None:
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = 1e-4
+
+    def update(self, x: np.ndarray) -> None:
+        n = x.shape[0]
+        if n == 1:  # one env (the MuJoCo presets): the same numbers with fewer operations
+            self._update_one(x[0])
+            return
+        batch_mean, batch_var = x.mean(0), x.var(0)
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean = self.mean + delta * n / total
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
+        self.var = m2 / total
+        self.count = total
+
+    def _update_one(self, x: np.ndarray) -> None:
+        """:meth:`update` with one sample (batch mean ``x``, batch variance 0), bit for bit: its
+        ``* n`` (n = 1) and ``+ batch_var * n`` (+ 0.0 to a non-negative sum) change no bit."""
+        delta = x - self.mean
+        total = self.count + 1
+        self.mean = self.mean + delta / total
+        self.var = (self.var * self.count + delta**2 * self.count / total) / total
+        self.count = total
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        """Restore; ValueError when the statistics do not fit (other shape, a negative or
+        non-finite variance, a count that is not a positive number)."""
+        mean, var, count = np.array(s["mean"], np.float64), np.array(s["var"], np.float64), \
+            s["count"]
+        if mean.shape != self.mean.shape or var.shape != self.var.shape:
+            raise ValueError(f"normaliser mean / var have shapes {list(mean.shape)} / "
+                             f"{list(var.shape)}, the run's {list(self.mean.shape)}")
+        if not (np.isfinite(mean).all() and np.isfinite(var).all() and (var >= 0).all()):
+            raise ValueError("normaliser mean / var: non-finite values or a negative variance")
+        if not isinstance(count, (int, float)) or isinstance(count, bool) or \
+                not 0 < count < float("inf"):
+            raise ValueError(f"normaliser count={count!r}: must be a finite number > 0")
+        self.mean, self.var, self.count = mean, var, float(count)
+
+
+class ObsNormalizer:
+    """``clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)`` with running statistics."""
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0) -> None:
+        self.rms = RunningMeanStd(shape)
+        self.clip = clip
+
+    def __call__(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
+        if update:
+            self.rms.update(obs)
+        return self.normalize(obs)
+
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
+        out = (obs - self.rms.mean) / np.sqrt(self.rms.var + 1e-8)
+        return _clip(out, -self.clip, self.clip).astype(np.float32)
+
+
+class RewardScaler:
+    """Divide rewards by the running std of the discounted return (gymnasium's NormalizeReward).
+
+    The return accumulator restarts at every episode end (terminated or truncated).
+    """
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0) -> None:
+        self.rms = RunningMeanStd(())
+        self.ret = np.zeros(num_envs, np.float64)
+        self.gamma = gamma
+        self.clip = clip
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.ret = self.ret * self.gamma + reward
+        self.rms.update(self.ret)
+        out = reward / np.sqrt(self.rms.var + 1e-8)
+        self.ret[done] = 0.0
+        return _clip(out, -self.clip, self.clip).astype(np.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rms": self.rms.state_dict(), "ret": self.ret.copy()}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        ret = np.array(s["ret"], np.float64)
+        if ret.shape != self.ret.shape or not np.isfinite(ret).all():
+            raise ValueError(f"reward_scaler.ret has shape {list(ret.shape)}, the run's "
+                             f"{list(self.ret.shape)} finite returns")
+        self.rms.load_state_dict(s["rms"])
+        self.ret = ret
