@@ -32,7 +32,8 @@ import sys
 from pathlib import Path
 
 from klppo.experiments.rlhf_compare import run_compare
-from klppo.lm.config import RLHFConfig, validate_rlhf
+from klppo.lm.config import RLHFConfig
+from klppo.lm.config_checks import validate_rlhf
 from klppo.report.lm import lm_report
 from klppo.runs.metrics import read_metrics
 

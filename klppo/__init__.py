@@ -15,8 +15,9 @@ def load(run_dir: Any, policy: str | None = None) -> Any:
     Stable-Baselines3's (a sample unless ``deterministic=True``), ``act(batch)`` (the mode),
     ``config``, ``export(path)`` (``torch.export``, or ONNX for ``*.onnx``). The environment
     need not be installed (the run's ``spaces.json``). A multi-agent run holds one per policy:
-    ``policy`` names it. See docs/usage.md."""
-    from klppo.rl.policy import load as _load
+    ``policy`` names it. A single-agent run's policy also has ``learn(steps)`` (train the run
+    further) and ``save(path)`` (a copy of the run), as :func:`train`'s. See docs/usage.md."""
+    from klppo.rl.quick import load as _load
 
     return _load(run_dir, policy)
 

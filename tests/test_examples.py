@@ -42,7 +42,7 @@ def test_examples_sweep_yaml_is_the_readme_flag_sweep():
 
 
 def test_examples_rlhf_yaml_is_a_valid_rlhf_config():
-    from klppo.lm.config import config_from_dict
+    from klppo.lm.config_checks import config_from_dict
     from klppo.runs.configfile import read_config_file
 
     cfg = config_from_dict(read_config_file(str(EXAMPLES / "rlhf.yaml"), "config"))

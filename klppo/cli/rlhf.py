@@ -47,7 +47,8 @@ class RLHFProgress(Closes):
 
 def _rlhf_config(config: str | None, rest: list[str]):
     """The config from --config (YAML) and the flags over it, validated."""
-    from klppo.lm.config import ConfigError, RLHFConfig, config_from_dict
+    from klppo.lm.config import ConfigError, RLHFConfig
+    from klppo.lm.config_checks import config_from_dict
     from klppo.runs.configfile import read_config_file
 
     base = RLHFConfig()

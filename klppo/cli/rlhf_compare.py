@@ -78,7 +78,8 @@ def _compare_configs(a: argparse.Namespace) -> dict:
 
     from klppo.core.controllers import CONTROLLERS
     from klppo.experiments.rlhf_compare import arms
-    from klppo.lm.config import RLHFConfig, config_from_dict
+    from klppo.lm.config import RLHFConfig
+    from klppo.lm.config_checks import config_from_dict
     from klppo.lm.model import check_model_dir
     from klppo.runs.paths import check_writable
 

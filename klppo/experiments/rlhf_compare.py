@@ -15,7 +15,8 @@ from typing import cast
 from klppo.core.controllers import ControllerName
 from klppo.experiments.pool import SweepStop, run_local, signals_to
 from klppo.experiments.rlhf_worker import PENDING
-from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf
+from klppo.lm.config import ConfigError, RLHFConfig
+from klppo.lm.config_checks import validate_rlhf
 from klppo.runs import rundir as R
 
 __all__ = ["arms", "run_compare"]

@@ -11,7 +11,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from klppo.lm.config import config_from_dict
+from klppo.lm.config_checks import config_from_dict
 from klppo.lm.rlhf import ResumeError, resume_rlhf, rlhf
 from klppo.runs.configfile import InputError, read_config_file
 from klppo.runs.rundir import DirLock

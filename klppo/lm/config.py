@@ -13,17 +13,14 @@ from klppo.core.kl_gradients import Combination
 from klppo.core.kl_loss import KLLossForm, kl_loss_combination
 from klppo.core.loss import ObjectiveName
 from klppo.core.mismatch import MismatchCorrection
-from klppo.lm.config_checks import objective_knobs, validate_rlhf
-from klppo.runs.configfile import overlay
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import Range, above, at_least, below, within
-from klppo.runs.typecheck import TypeCheckError
 
 KLEstimatorLM = Literal["k1", "k3", "full", "k3_flipped", "tutorial"]
 KLPlacement = Literal["reward", "loss"]
 KLUnitLM = Literal["per_sequence_sum", "per_token_mean", "per_token_mean_all"]
 
-__all__ = ["RLHFConfig", "ConfigError", "validate_rlhf", "config_from_dict", "objective_knobs",
+__all__ = ["RLHFConfig", "ConfigError",
            "kl_gradient_combination", "kl_gradient_warning", "FLAG_ALIASES"]
 
 
@@ -250,19 +247,6 @@ class RLHFConfig:
         return max(float(self.batch_size), self.episodes / 30)
 
 
-
-
-def config_from_dict(values: Any, base: RLHFConfig | None = None,
-                     what: str = "config") -> RLHFConfig:
-    """``base`` (default: the defaults) with the fields of a mapping read from YAML, each
-    checked against its type; then :func:`validate_rlhf`."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"{what}={values!r}: must be a mapping of field: value")
-    try:
-        cfg = overlay(base if base is not None else RLHFConfig(), values)
-    except TypeCheckError as e:
-        raise ConfigError(str(e)) from None
-    return validate_rlhf(cfg)
 
 
 def kl_gradient_combination(c: RLHFConfig) -> Combination:

@@ -6,21 +6,19 @@ and its value."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from klppo.core.controllers import proportional_zeroing_steps
 from klppo.core.mismatch import bounds_problem
 from klppo.core.objective_base import BAND_KNOBS, KNOB_NAMES, Knobs
-from klppo.runs.configfile import field_hints
+from klppo.lm.config import RLHFConfig
+from klppo.runs.configfile import field_hints, overlay
 from klppo.runs.device import resolve_device
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import check_ranges
 from klppo.runs.typecheck import TypeCheckError, check_value
 
-if TYPE_CHECKING:
-    from klppo.lm.config import RLHFConfig
-
-__all__ = ["validate_rlhf", "objective_knobs"]
+__all__ = ["validate_rlhf", "config_from_dict", "objective_knobs"]
 
 
 def _bad(field: str, value: Any, why: str) -> ConfigError:
@@ -30,8 +28,6 @@ def _bad(field: str, value: Any, why: str) -> ConfigError:
 def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     """Check every field's type and range once, early; :class:`ConfigError` names the first
     bad field and its value."""
-    from klppo.lm.config import RLHFConfig
-
     for name, ann in field_hints(RLHFConfig).items():
         try:
             check_value(name, getattr(c, name), ann)
@@ -152,3 +148,16 @@ def _check_reward(spec: str) -> None:
         raise _bad("reward", spec, "must be 'vader' or 'classifier:PATH[:LABEL]'")
     if label and not label.isdigit():
         raise _bad("reward", spec, f"LABEL {label!r} must be a non-negative integer")
+
+
+def config_from_dict(values: Any, base: RLHFConfig | None = None,
+                     what: str = "config") -> RLHFConfig:
+    """``base`` (default: the defaults) with the fields of a mapping read from YAML, each
+    checked against its type; then :func:`validate_rlhf`."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{what}={values!r}: must be a mapping of field: value")
+    try:
+        cfg = overlay(base if base is not None else RLHFConfig(), values)
+    except TypeCheckError as e:
+        raise ConfigError(str(e)) from None
+    return validate_rlhf(cfg)

@@ -38,14 +38,8 @@ from klppo.core.loss import PPOLoss
 from klppo.core.mismatch import mismatch_stats, mismatch_weights
 from klppo.core.monitor import KLMonitor
 from klppo.core.sequence_objectives import Segments
-from klppo.lm.config import (
-    ConfigError,
-    RLHFConfig,
-    kl_gradient_warning,
-    kl_loss_form,
-    objective_knobs,
-    validate_rlhf,
-)
+from klppo.lm.config import ConfigError, RLHFConfig, kl_gradient_warning, kl_loss_form
+from klppo.lm.config_checks import objective_knobs, validate_rlhf
 from klppo.lm.model import (
     PolicyWithValue,
     frozen_reference,

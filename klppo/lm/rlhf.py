@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from klppo.lm.config import ConfigError, RLHFConfig, config_from_dict, validate_rlhf
+from klppo.lm.config import ConfigError, RLHFConfig
+from klppo.lm.config_checks import config_from_dict, validate_rlhf
 from klppo.lm.experiment import STATE_KEYS, TIMING_KEYS, Experiment
 from klppo.lm.reward import RewardFn
 from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_rewards

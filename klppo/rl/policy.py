@@ -118,40 +118,6 @@ class Policy:
         action = self.act(obs, deterministic)
         return (action[0] if single else action), None
 
-    def save(self, path: str | Path) -> Path:
-        """Copy the run this policy was loaded from into the new directory ``path`` (config,
-        checkpoint, metrics, spaces): ``klppo.load(path)`` loads it and :meth:`learn` on that
-        copy trains on (Stable-Baselines3's ``save`` / ``load``). ``path`` must not exist."""
-        import shutil
-
-        target = Path(path)
-        if self.run_dir is None:
-            raise InputError("save: this policy was not loaded from a single-agent run directory "
-                             "(klppo.load(run_dir))")
-        if target.exists():
-            raise InputError(f"path={str(path)!r}: already exists; give a new directory")
-        if not target.parent.is_dir():
-            raise InputError(f"path={str(path)!r}: its directory {str(target.parent)!r} does "
-                             f"not exist")
-        shutil.copytree(self.run_dir, target, ignore=shutil.ignore_patterns(".lock", "*.tmp"))
-        return target
-
-    def learn(self, steps: int, lr_plan: str = "replan") -> Policy:
-        """Train the run ``steps`` environment steps further (its total becomes the old one plus
-        ``steps``; SB3's ``learn(steps, reset_num_timesteps=False)``) and return the policy at its
-        new end. ``lr_plan``: how an annealed learning rate goes on (``replan``: as a run
-        planned for the new total; ``continue``: on from its last value). The run directory is
-        the one this policy was loaded from: :meth:`save` a copy first to keep this one."""
-        from klppo.rl.trainer import resume
-
-        if self.run_dir is None:
-            raise InputError("learn: this policy was not loaded from a single-agent run directory "
-                             "(klppo.load(run_dir))")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise InputError(f"steps={steps!r}: must be an integer >= 1")
-        resume(self.run_dir, total_steps=self.config.total_steps + steps, lr_plan=lr_plan)
-        return load(self.run_dir)
-
     def export(self, path: str | Path) -> Path:
         """Save the deterministic policy ``raw obs [B, obs_dim] -> action [B, ...]``
         (normalisation and clipping included, any batch size) to run without klppo.

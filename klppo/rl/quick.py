@@ -14,22 +14,26 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
 from klppo.rl.config import ConfigError, TrainConfig, from_dict
-from klppo.rl.policy import Policy, load
+from klppo.rl.policy import Policy
+from klppo.rl.policy import load as load_policy
 from klppo.rl.presets import preset as named_preset
+from klppo.rl.trainer import resume
 from klppo.rl.trainer import train as train_config
+from klppo.runs.errors import InputError
 
-__all__ = ["train", "env_id"]
+__all__ = ["train", "load", "env_id", "Model"]
 
 #: numbers the process-local ids (one per env_id call with a class or function from __main__)
 _LOCAL_IDS = itertools.count()
 
 
-def train(env: Any, *, preset: str | None = None, **settings: Any) -> Policy:
+def train(env: Any, *, preset: str | None = None, **settings: Any) -> Model:
     """Train a policy on ``env`` (see the module's docstring) and return it at the run's end.
 
     >>> policy = klppo.train("CartPole-v1", objective="clip", total_steps=50_000)
@@ -42,6 +46,54 @@ def train(env: Any, *, preset: str | None = None, **settings: Any) -> Policy:
     cfg = from_dict({**nested(settings), "env": env_id(env)}, base, "klppo.train")
     result = train_config(cfg)
     return load(result.run_dir)
+
+
+def load(run_dir: Any, policy: str | None = None) -> Model:
+    """:func:`klppo.rl.policy.load` as a :class:`Model` (a single-agent run's policy, which can
+    also train on and be saved); a multi-agent run's policy as it is."""
+    loaded = load_policy(run_dir, policy)
+    if loaded.run_dir is None:  # a policy of a multi-agent run
+        return loaded  # type: ignore[return-value]
+    model = Model.__new__(Model)
+    model.__dict__.update(loaded.__dict__)
+    return model
+
+
+class Model(Policy):
+    """A single-agent run's :class:`~klppo.rl.policy.Policy` with Stable-Baselines3's
+    ``learn`` and ``save``: what :func:`train` and ``klppo.load`` return."""
+
+    def save(self, path: str | Path) -> Path:
+        """Copy the run this policy was loaded from into the new directory ``path`` (config,
+        checkpoint, metrics, spaces): ``klppo.load(path)`` loads it and :meth:`learn` on that
+        copy trains on (Stable-Baselines3's ``save`` / ``load``). ``path`` must not exist."""
+        import shutil
+
+        target = Path(path)
+        if self.run_dir is None:
+            raise InputError("save: this policy was not loaded from a single-agent run directory "
+                             "(klppo.load(run_dir))")
+        if target.exists():
+            raise InputError(f"path={str(path)!r}: already exists; give a new directory")
+        if not target.parent.is_dir():
+            raise InputError(f"path={str(path)!r}: its directory {str(target.parent)!r} does "
+                             f"not exist")
+        shutil.copytree(self.run_dir, target, ignore=shutil.ignore_patterns(".lock", "*.tmp"))
+        return target
+
+    def learn(self, steps: int, lr_plan: str = "replan") -> Model:
+        """Train the run ``steps`` environment steps further (its total becomes the old one plus
+        ``steps``; SB3's ``learn(steps, reset_num_timesteps=False)``) and return the policy at its
+        new end. ``lr_plan``: how an annealed learning rate goes on (``replan``: as a run
+        planned for the new total; ``continue``: on from its last value). The run directory is
+        the one this policy was loaded from: :meth:`save` a copy first to keep this one."""
+        if self.run_dir is None:
+            raise InputError("learn: this policy was not loaded from a single-agent run directory "
+                             "(klppo.load(run_dir))")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise InputError(f"steps={steps!r}: must be an integer >= 1")
+        resume(self.run_dir, total_steps=self.config.total_steps + steps, lr_plan=lr_plan)
+        return load(self.run_dir)
 
 
 def env_id(env: Any) -> str:

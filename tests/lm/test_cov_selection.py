@@ -7,7 +7,8 @@ import pytest
 pytest.importorskip("transformers")
 
 from klppo.core import covariance  # noqa: E402
-from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf  # noqa: E402
+from klppo.lm.config import ConfigError, RLHFConfig  # noqa: E402
+from klppo.lm.config_checks import validate_rlhf  # noqa: E402
 from klppo.lm.rlhf import RLHFError, resume_rlhf, rlhf  # noqa: E402
 from tests.lm.conftest import TINY  # noqa: E402
 from tests.lm.test_resume import Crash, reward, strip  # noqa: E402

@@ -9,7 +9,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from klppo.core.kl_gradient_claims import KLGradientWarning  # noqa: E402
-from klppo.lm.config import ConfigError, RLHFConfig, kl_gradient_warning, validate_rlhf  # noqa: E402
+from klppo.lm.config import ConfigError, RLHFConfig, kl_gradient_warning  # noqa: E402
+from klppo.lm.config_checks import validate_rlhf  # noqa: E402
 from klppo.lm.model import (  # noqa: E402
     PolicyWithValue,
     frozen_reference,

@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 
 from klppo.core.loss import PPOLoss  # noqa: E402
 from klppo.lm import experiment as E  # noqa: E402
-from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf  # noqa: E402
+from klppo.lm.config import ConfigError, RLHFConfig  # noqa: E402
+from klppo.lm.config_checks import validate_rlhf  # noqa: E402
 from klppo.lm.rlhf import rlhf  # noqa: E402
 from tests.lm.conftest import TINY  # noqa: E402
 from tests.lm.test_resume import reward  # noqa: E402

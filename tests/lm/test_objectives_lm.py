@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from klppo.core.objectives import OBJECTIVES
-from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf
+from klppo.lm.config import ConfigError, RLHFConfig
+from klppo.lm.config_checks import validate_rlhf
 from klppo.lm.rlhf import rlhf
 from tests.lm.conftest import TINY
 

@@ -7,7 +7,8 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
-from klppo.lm.config import ConfigError, RLHFConfig, validate_rlhf  # noqa: E402
+from klppo.lm.config import ConfigError, RLHFConfig  # noqa: E402
+from klppo.lm.config_checks import validate_rlhf  # noqa: E402
 from klppo.lm.model import mix_reference  # noqa: E402
 from klppo.lm.rlhf import RLHFError, resume_rlhf, rlhf  # noqa: E402
 from tests.lm.conftest import TINY  # noqa: E402

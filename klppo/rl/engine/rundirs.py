@@ -23,7 +23,7 @@ from klppo.rl.engine.groups import StackSet, check_group, stack_keys
 from klppo.rl.envs import check_env
 from klppo.rl.lifecycle import read_run_config
 from klppo.rl.marl.spec import check_multiagent, is_multiagent
-from klppo.rl.trainer import TrainResult, _sinks, open_existing, open_new
+from klppo.rl.opening import TrainResult, open_existing, open_new, sinks
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 from klppo.runs.errors import RunFailed, UserInputError
@@ -54,7 +54,7 @@ def _run(opened: Opened, on_iteration: OnIteration) -> dict[int, tuple[str, str 
     trainers = [tr for _, tr, _ in opened]
     group = Group(trainers)
     states, errors = run_group(trainers, [life for _, _, life in opened], group.iterate,
-                               lambda i: M.MetricsWriter(_sinks(trainers[i].cfg,
+                               lambda i: M.MetricsWriter(sinks(trainers[i].cfg,
                                                                 opened[i][2].run_dir)),
                                on_iteration)
     return {r: (s, e) for (r, _, _), s, e in zip(opened, states, errors)}
