@@ -14,13 +14,11 @@ global generators, the iteration), so a run restored from it continues exactly.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import math
 import random
 import shutil
 import time
-import warnings
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -31,14 +29,13 @@ import torch
 from klppo.core.advantages import gae
 from klppo.core.controllers import RUN_HORIZON_FRACTION, make_controller
 from klppo.core.covariance import ClipCov
-from klppo.core.kl import NOT_KL, per_sequence_sum, per_token_mean
-from klppo.core.kl_gradient_claims import KLGradientWarning
+from klppo.core.kl import per_sequence_sum, per_token_mean
 from klppo.core.kl_loss import kl_loss_terms
 from klppo.core.loss import PPOLoss
 from klppo.core.mismatch import mismatch_stats, mismatch_weights
 from klppo.core.monitor import KLMonitor
 from klppo.core.sequence_objectives import Segments
-from klppo.lm.config import ConfigError, RLHFConfig, kl_gradient_warning, kl_loss_form
+from klppo.lm.config import ConfigError, RLHFConfig, kl_loss_form
 from klppo.lm.config_checks import objective_knobs, validate_rlhf
 from klppo.lm.model import (
     PolicyWithValue,
@@ -48,100 +45,30 @@ from klppo.lm.model import (
     rollout_copy,
     sync_rollout,
 )
-from klppo.lm.pretrain import encode, perplexity
+from klppo.lm.past import checked_past, cpu_copy
+from klppo.lm.pretrain import perplexity
 from klppo.lm.reward import RewardFn, checked, make_reward
 from klppo.lm.sampling import generate, response_mask
 from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_rewards
+from klppo.lm.setup import (
+    KL_UNITS,
+    check_lengths,
+    corpus_ids,
+    measure_kl,
+    say_what_the_choices_mean,
+)
 from klppo.runs.checkpoint import save_checkpoint
 from klppo.runs.device import resolve_device
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Experiment", "TIMING_KEYS", "STATE_KEYS"]
+__all__ = ["Experiment", "TIMING_KEYS", "STATE_KEYS", "corpus_ids", "measure_kl", "KL_UNITS"]
 
 #: metrics that measure wall time; everything else is deterministic for a given config.
 TIMING_KEYS = frozenset({"tokens_per_second_generation", "tokens_per_second_scoring",
                          "tokens_per_second_training"})
 #: what :meth:`Experiment.state_dict` holds
 STATE_KEYS = ("iteration", "policy", "opt", "ctrl", "gen", "rng", "torch_rng", "python_rng")
-
-
-_CORPUS_CACHE: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-
-
-def corpus_ids(tok: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Train and held-out token ids of the corpus (read-only; the last two tokenizers' results
-    are cached, since the encoding takes seconds and a process may run several experiments)."""
-    backend = getattr(tok, "backend_tokenizer", None)
-    key = hashlib.sha256(backend.to_str().encode()).hexdigest() if backend is not None else None
-    if key in _CORPUS_CACHE:
-        return _CORPUS_CACHE[key]
-    from klppo.lm.corpus import split_corpus
-
-    split = split_corpus()
-    train, held = encode(tok, split.train), encode(tok, split.held_out)
-    train.flags.writeable = held.flags.writeable = False
-    if key is not None:
-        while len(_CORPUS_CACHE) >= 2:
-            _CORPUS_CACHE.pop(next(iter(_CORPUS_CACHE)))
-        _CORPUS_CACHE[key] = (train, held)
-    return train, held
-
-
-def _check_lengths(cfg: RLHFConfig, lm: Any) -> None:
-    n = getattr(lm.config, "n_positions", None) or getattr(lm.config,
-                                                          "max_position_embeddings", None)
-    if n is None:
-        return
-    if cfg.prompt_len + cfg.response_len > n:
-        raise ConfigError(f"response_len={cfg.response_len!r}: prompt_len + response_len = "
-                          f"{cfg.prompt_len + cfg.response_len} exceeds the model's {n} "
-                          f"positions")
-    if cfg.eval_seq_len > n:
-        raise ConfigError(f"eval_seq_len={cfg.eval_seq_len!r}: exceeds the model's {n} positions")
-
-
-#: the unit of each kl_unit, for messages
-KL_UNITS = {"per_sequence_sum": "nats per sequence", "per_token_mean": "nats per token",
-            "per_token_mean_all": "nats per position (padding included)"}
-
-
-def measure_kl(kl: torch.Tensor, mask: torch.Tensor, unit: str) -> float:
-    """The controller's KL in ``unit``: per-sequence sum (mean over sequences), per-token mean
-    over response tokens, or trlx's mean over every position (padding counts as 0)."""
-    if unit == "per_sequence_sum":
-        return float(per_sequence_sum(kl, mask).mean())
-    if unit == "per_token_mean_all":
-        return float(torch.where(mask, kl, torch.zeros((), dtype=kl.dtype)).mean())
-    return float(per_token_mean(kl, mask))
-
-
-def _say_what_the_choices_mean(cfg: RLHFConfig) -> None:
-    """Log the choices that do something users may not expect; warn (once, as a
-    :class:`KLGradientWarning`) when the KL penalty's gradient is not that of
-    KL(policy || reference)."""
-    if cfg.controller == "proportional" and cfg.target is None:
-        log.warning("controller proportional with no target: a fixed beta %g (trlx's "
-                    "semantics)", cfg.beta)
-    if cfg.kl_estimator in NOT_KL:
-        log.warning("kl_estimator %s does not estimate KL(policy || reference) (see "
-                    "klppo.core.kl); chosen to reproduce a peer", cfg.kl_estimator)
-    biased = kl_gradient_warning(cfg)
-    if biased is not None:
-        warnings.warn(biased, KLGradientWarning, stacklevel=3)
-
-
-def _same_layout(p: Any, own: dict[str, torch.Tensor]) -> bool:
-    """``p`` is a state dict with ``own``'s keys, shapes and dtypes, every value finite."""
-    return isinstance(p, dict) and p.keys() == own.keys() and all(
-        isinstance(p[n], torch.Tensor) and p[n].shape == t.shape and p[n].dtype == t.dtype
-        and (not p[n].is_floating_point() or bool(torch.isfinite(p[n]).all()))
-        for n, t in own.items())
-
-
-def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A detached CPU copy of a state dict (a past policy kept for a stale sampler)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
 class Experiment:
@@ -152,7 +79,7 @@ class Experiment:
         self.cfg = validate_rlhf(cfg)
         torch.manual_seed(cfg.seed)
         lm, self.tok = load_lm(cfg.model)
-        _check_lengths(cfg, lm)
+        check_lengths(cfg, lm)
         self.device = resolve_device(cfg.device)
         self.ref = frozen_reference(lm).to(self.device)
         self.policy = PolicyWithValue(lm).to(self.device)
@@ -163,7 +90,7 @@ class Experiment:
         # the policy after each of the last staleness + 1 updates (update 0: the initial one)
         self.past: deque[dict[str, torch.Tensor]] = deque(maxlen=cfg.staleness + 1)
         if cfg.staleness:
-            self.past.append(_cpu_copy(self.policy.lm.state_dict()))
+            self.past.append(cpu_copy(self.policy.lm.state_dict()))
         self.reward = reward or make_reward(cfg.reward)
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr, eps=1e-5)
         try:
@@ -193,7 +120,7 @@ class Experiment:
         self.kl_monitor = KLMonitor(cfg.target, cfg.monitor_high, cfg.monitor_low,
                                     cfg.monitor_patience, KL_UNITS[cfg.kl_unit],
                                     cfg.monitor_warmup)
-        _say_what_the_choices_mean(cfg)
+        say_what_the_choices_mean(cfg)
         self.iteration = 0
         self.ref_resets = 0
 
@@ -238,26 +165,6 @@ class Experiment:
                 "ref_resets": self.ref_resets, "past_policies": list(self.past),
                 "config": dataclasses.asdict(self.cfg)}
 
-    def _checked_past(self, past: Any) -> list[dict[str, torch.Tensor]]:
-        """A checkpoint's past policies: none without staleness; else 1 to ``staleness + 1``
-        state dicts of the policy's own keys, shapes and dtypes, finite, the last equal to the
-        checkpoint's policy (loaded before them). ``ValueError`` for a forged or foreign one."""
-        k = self.cfg.staleness
-        if not k:
-            if past:
-                raise ValueError(f"past_policies: {len(past)} saved, but staleness=0 keeps none"
-                                 " (the checkpoint of a stale run?)")
-            return []
-        own = self.policy.lm.state_dict()
-        if not isinstance(past, list) or not 1 <= len(past) <= k + 1 or not all(
-                _same_layout(p, own) for p in past):
-            raise ValueError(f"past_policies: not 1 to {k + 1} finite state dicts of the "
-                             f"policy's parameters (written without staleness {k}?)")
-        if not all(torch.equal(past[-1][n], t.detach().cpu()) for n, t in own.items()):
-            raise ValueError("past_policies: the last is not the checkpoint's policy (a "
-                             "checkpoint klppo writes always ends with it): damaged or forged")
-        return past
-
     def load_state_dict(self, s: dict[str, Any]) -> None:
         self.policy.load_state_dict(s["policy"])
         self.opt.load_state_dict(s["opt"])
@@ -270,7 +177,8 @@ class Experiment:
         if "kl_monitor" in s:
             self.kl_monitor.load_state_dict(s["kl_monitor"])
         self.past.clear()
-        self.past.extend(self._checked_past(s.get("past_policies", [])))
+        self.past.extend(checked_past(s.get("past_policies", []), self.cfg.staleness,
+                                      self.policy.lm.state_dict()))
         self.ref_resets = int(s.get("ref_resets", 0))
         if self.ref_resets:
             self.ref.load_state_dict(s["ref"])
@@ -319,7 +227,7 @@ class Experiment:
         t2 = time.perf_counter()
         stats = self.update(prompts, responses, b, beta)                    # 3. update
         if c.staleness:
-            self.past.append(_cpu_copy(self.policy.lm.state_dict()))
+            self.past.append(cpu_copy(self.policy.lm.state_dict()))
         t3 = time.perf_counter()
         measured = measure_kl(b["kl"], b["mask"], c.kl_unit)
         self.warn_held(it)
