@@ -87,3 +87,22 @@ def test_progress_shows_beta_dash_without_a_controller_beta():
     kl = cli_train._progress(dataclasses.replace(cfg, objective="kl_penalty"))
     assert "  beta -  " in clip.line(_metrics(1, 10.0, beta=0.0))
     assert "  beta 0.25  " in kl.line(_metrics(1, 10.0, beta=0.25))
+
+
+def test_a_sweeps_eta_waits_for_its_first_wave_of_runs():
+    """Twelve runs of one group end together: the first eleven lines give no ETA (11 x the
+    elapsed time was the old guess), the twelfth 0:00; later waves get the sweep's rate."""
+    from klppo.cli.progress import Eta
+
+    clock = iter([0.0, *[100.0 + i * 0.01 for i in range(12)], 200.0])
+    eta = Eta(24, now=lambda: next(clock), from_first=False, wave=12)
+    lefts = []
+    for done in range(1, 13):
+        eta.update(done)
+        lefts.append(eta.left)
+    assert lefts[:11] == [None] * 11 and lefts[11] == pytest.approx(100.11, rel=1e-3)
+    eta.update(13)  # 200 s, 13 done: 200 / 13 per run x 11 left
+    assert eta.left == pytest.approx(200 / 13 * 11)
+    plain = Eta(24, now=iter([0.0, 100.0]).__next__, from_first=False)
+    plain.update(1)
+    assert plain.left == pytest.approx(100 * 23)  # without a wave: what the sweep used to say

@@ -142,8 +142,11 @@ class Eta:
     from the rate since the start (units that run in parallel, such as a sweep's runs)."""
 
     def __init__(self, total: int, now: Callable[[], float] = time.perf_counter,
-                 from_first: bool = True) -> None:
+                 from_first: bool = True, wave: int = 1) -> None:
         self.total, self._now, self.from_first = total, now, from_first
+        #: units that start together (a sweep's first groups): they tend to end together too,
+        #: so no ETA is given before as many have ended (one of a burst says nothing of the rest)
+        self.wave = max(1, wave)
         self.start = now()
         self.first: tuple[int, float] | None = None  # (units done, time) at the first update
         self.done, self.at = 0, self.start
@@ -159,7 +162,7 @@ class Eta:
 
     @property
     def left(self) -> float | None:
-        if self.first is None:
+        if self.first is None or self.done < min(self.wave, self.total):
             return None
         d0, t0 = self.first if self.from_first else (self.first[0] - 1, self.start)
         if self.done <= d0:
@@ -198,7 +201,7 @@ class Bar(Closes):
     def __init__(self, total: int, every: int | None = None, lines: int = 20,
                  bar_priority: int = 3, file: IO[str] | None = None,
                  now: Callable[[], float] = time.perf_counter,
-                 eta_from_first: bool = True) -> None:
+                 eta_from_first: bool = True, wave: int = 1) -> None:
         from rich.console import Console
 
         self.total = max(1, total)
@@ -206,7 +209,7 @@ class Bar(Closes):
         self.console = Console(file=self.file, highlight=False, soft_wrap=False)
         self.every = every if every is not None else max(1, self.total // lines)
         self.bar_priority = bar_priority
-        self.eta = Eta(self.total, now, eta_from_first)
+        self.eta = Eta(self.total, now, eta_from_first, wave)
         self._live: Any = None
 
     @property

@@ -114,7 +114,7 @@ def run(argv: list[str]) -> int:
     print(f"{len(configs)} arms, {a.iterations} iterations each, {a.workers} at a time",
           flush=True)
 
-    eta, ended = Eta(len(configs), from_first=False), [0]
+    eta, ended = Eta(len(configs), from_first=False, wave=a.workers), [0]
 
     def done(name, state, err):
         ended[0] += 1

@@ -148,11 +148,13 @@ class SweepProgress:
     """A line per run that ends (``[k/n] name: state (its time, the sweep's, ETA)``) and, on a
     terminal, a bar under them with the counts and the ETA. The ETA is the rate of the runs
     that ended in this invocation since it began (runs go in parallel) times the runs left
-    (runs finished before are not run again)."""
+    (runs finished before are not run again), given once the first wave of runs has ended
+    (before, one run of a group that ends together says nothing of the time left)."""
 
-    def __init__(self, total: int, already_finished: int = 0) -> None:
+    def __init__(self, total: int, already_finished: int = 0, wave: int = 1) -> None:
         self.total, self.done = total, 0
-        self.bar = Bar(max(1, total - already_finished), every=1, eta_from_first=False)
+        self.bar = Bar(max(1, total - already_finished), every=1, eta_from_first=False,
+                       wave=wave)
         self.counts: dict[str, int] = {}
 
     def __call__(self, entry) -> None:
@@ -235,7 +237,9 @@ def run_and_summarise(spec, out: str, backend: Backend, workers: int | None,
         how += (f", {n} runs in {len(groups)} group(s): {batched} sharing a process, "
                 f"{n - batched} alone")
     print(f"sweep: {n} runs into {out} ({how})", flush=True)
-    progress = SweepProgress(n, _already_finished(plans, out))
+    # the runs of the first groups start together and, grouped, end together: no ETA before
+    progress = SweepProgress(n, _already_finished(plans, out),
+                             wave=sum(len(g) for g in groups[:worker_count(workers)]))
     try:
         res = run_sweep(spec, out, backend=backend, workers=workers, on_done=progress,
                         max_runs=limit, engine=engine, group_size=group_size)
