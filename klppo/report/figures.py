@@ -94,6 +94,11 @@ def _log_or_linear(axis, series: list[tuple[list, np.ndarray, dict]],
     log = log and any(bool(np.any(y > 0)) for _, y, _ in series)
     for x, y, style in series:
         axis.plot(x, _positive(y) if log else y, **style)
+    hidden = sum(int(np.sum(y <= 0)) for _, y, _ in series) if log else 0
+    if hidden:  # said on the panel: a gap must not read as a missing record
+        total = sum(int(np.sum(np.isfinite(y))) for _, y, _ in series)
+        axis.text(0.01, 0.03, f"{hidden} of {total} values <= 0: gaps on this log scale",
+                  transform=axis.transAxes, fontsize=7, color="0.35")
     return "log" if log else "linear"
 
 

@@ -118,3 +118,15 @@ def test_report_smooth_flag(tmp_path, capsys):
     assert err.count("\n") == 1 and "in [1, 100,000]" in err and not (tmp_path / "p").exists()
     with pytest.raises(ValueError, match="smooth=0"):
         make_report([tmp_path / "r"], tmp_path / "q", smooth=0)
+
+
+def test_a_beta_of_0_on_the_log_panel_is_said_not_silently_dropped(tmp_path):
+    runs = _kl_runs(tmp_path / "p", "pid", "pid", [0])
+    recs = runs[0].metrics
+    for i, m in enumerate(recs):
+        m["beta"] = 0.0 if i % 2 else 0.5  # PID: beta 0 on every other iteration
+    fig = F.kl_tracking("Env-v0", "pid", runs)
+    texts = [t.get_text() for t in fig.axes[1].texts]
+    assert texts == ["5 of 10 values <= 0: gaps on this log scale"]
+    assert fig.axes[1].get_yscale() == "log"
+    assert not fig.axes[0].texts  # every KL is > 0: nothing to say
