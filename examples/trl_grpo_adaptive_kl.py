@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-report", action="store_true",
                    help="skip the report (another process writes it)")
     a = p.parse_args(argv)
+    # TRL calls transformers' renamed gradient-checkpointing API: its deprecation notes are
+    # neither this example's nor the user's to act on
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no bar per model load

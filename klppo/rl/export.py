@@ -8,6 +8,10 @@ packages; they are optional.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -35,12 +39,29 @@ def export_policy(module: nn.Module, obs_dim: int, path: Path) -> Path:
             import onnxscript  # noqa: F401
         except ImportError:
             raise ImportError(ONNX_MISSING) from None
-        program = torch.onnx.export(module, example, input_names=["obs"],
-                                    output_names=["action"], dynamic_shapes=shapes, dynamo=True,
-                                    verbose=False)
+        with _quiet_onnx_exporter():
+            program = torch.onnx.export(module, example, input_names=["obs"],
+                                        output_names=["action"], dynamic_shapes=shapes,
+                                        dynamo=True, verbose=False)
         assert program is not None  # dynamo=True without a file name returns the program
         program.save(str(path))
         return path
     exported = torch.export.export(module, example, dynamic_shapes=shapes)
     torch.export.save(exported, str(path))
     return path
+
+
+@contextlib.contextmanager
+def _quiet_onnx_exporter() -> Iterator[None]:
+    """torch's ONNX exporter logs a line per torchvision operator it skips (torchvision is not
+    klppo's) and torch's own pytree deprecation: neither concerns the user, so neither is
+    shown while the policy is exported; its errors still are."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec")
+            yield
+    finally:
+        registration.setLevel(level)

@@ -146,6 +146,19 @@ def test_onnx_export_gives_the_same_actions(run, tmp_path):
             assert np.allclose(exported, expect, rtol=1e-5, atol=1e-6)
 
 
+def test_onnx_export_prints_nothing_of_torchs(run, tmp_path):
+    """torch's exporter logged a line per torchvision operator and a pytree FutureWarning."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("onnxscript")
+    code = (f"import klppo; klppo.load({str(run)!r}).export({str(tmp_path / 'q.onnx')!r})")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stderr == "" and done.stdout == "", done.stderr[-800:]
+    assert (tmp_path / "q.onnx").stat().st_size > 0
+
+
 def test_onnx_without_the_packages_is_one_named_error(run, tmp_path, monkeypatch):
     import sys
 
