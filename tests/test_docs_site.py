@@ -131,3 +131,11 @@ def test_the_browser_check_finds_a_page_too_wide_and_a_snapshot_out_of_the_navig
     err = capsys.readouterr().err
     assert "index.html: 2008 px wide, wider than a 1280 px window" in err  # with the margin
     assert "no navigation link to the results snapshot rlhf-compare" in err
+
+
+def test_every_committed_report_is_linked_from_the_results_page():
+    results = ROOT / "docs" / "results"
+    page = (results / "README.md").read_text()
+    linked = set(re.findall(r"\]\(([^)]+report\.html)\)", page))
+    have = {p.relative_to(results).as_posix() for p in results.rglob("report.html")}
+    assert have <= linked, f"not linked from docs/results/README.md: {sorted(have - linked)}"
