@@ -89,7 +89,8 @@ class PPOConfig:
     softness: float | None = field(default=None, metadata=above(0))
     """softness s of the soft shapes (typical 0.02-0.2)"""
     kl_estimator: KLEstimatorChoice = "analytic"
-    """KL of kl_penalty / clip_kl: analytic, k1, k2, k3, abs; k3_flipped, tutorial (not the KL)"""
+    """KL of kl_penalty / clip_kl: analytic, k1, k2, k3, abs; k1+, k3+ (verl's: k1's / k3's value,
+    k2's gradient); k3_flipped, tutorial (not the KL)"""
     tau_pos: float | None = field(default=None, metadata=_between(0, 100, "beyond, the gate is a "
                                                                   "step that overflows"))
     """sapo: gate temperature where A > 0 (None: the paper's 1.0)"""
