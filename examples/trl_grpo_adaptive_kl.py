@@ -222,7 +222,7 @@ def with_fields(s: Setting, items: list[str], p: argparse.ArgumentParser) -> Set
         if not sep or k not in names:
             p.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(names)}")
         value = yaml.safe_load(v)
-        want = type(getattr(s, k))
+        want = float if getattr(s, k) is None else type(getattr(s, k))  # None: horizon
         if value is not None and not isinstance(value, (want, int) if want is float else want):
             p.error(f"--set {item!r}: {k} must be a {want.__name__}")
         over[k] = float(value) if want is float and value is not None else value

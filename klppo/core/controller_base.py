@@ -68,6 +68,9 @@ class KLController:
             update after update (to its floor, with a short horizon) before the policy has
             moved, and the KL then overshoots while beta climbs back. With ``hold`` the rule
             starts once the KL first reaches the target (see docs/algorithms.md).
+        hold_limit: with ``hold``, the most updates beta is held (None: until the KL reaches
+            the target). A start beta strong enough to keep the KL below the target would
+            otherwise never be released.
     """
 
     name: ClassVar[str] = "base"
@@ -80,10 +83,17 @@ class KLController:
         beta_min: float = 0.0,
         beta_max: float = math.inf,
         hold: bool = False,
+        hold_limit: int | None = None,
     ) -> None:
         cls = type(self).__name__
         if not isinstance(hold, bool):
             raise ValueError(f"{cls}: hold must be True or False, got hold={hold!r}")
+        if hold_limit is not None:
+            if isinstance(hold_limit, bool) or not isinstance(hold_limit, int) or hold_limit < 1:
+                raise ValueError(f"{cls}: hold_limit must be an integer >= 1 or None, got "
+                                 f"hold_limit={hold_limit!r}")
+            if not hold:
+                raise ValueError(f"{cls}: hold_limit={hold_limit} bounds a hold: set hold=True")
         if target is None:
             if self.requires_target:
                 raise ValueError(f"{cls}: target is required, got target=None")
@@ -107,6 +117,7 @@ class KLController:
         self.info: UpdateInfo | None = None
         self.num_updates = 0
         self.hold = hold
+        self.hold_limit = hold_limit
         self.reached = False  # the observed KL has reached the target (for ``hold``)
 
     # ------------------------------------------------------------------ interface
@@ -131,7 +142,8 @@ class KLController:
         raw_error = None if self.target is None else d / self.target - 1.0
         if self.target is not None and d >= self.target:
             self.reached = True
-        held = self.hold and not self.reached
+        held = self.hold and not self.reached and (
+            self.hold_limit is None or self.num_updates < self.hold_limit)
         proposed, clipped = (before, False) if held else self._next_beta(d, n)
         self._beta = self._clamp(proposed)
         self.num_updates += 1

@@ -108,6 +108,7 @@ class StepKL(KLController):
         decrease: float | None = None,
         preset: StepPreset | None = "ppo_paper",
         hold: bool = False,
+        hold_limit: int | None = None,
     ) -> None:
         if preset is not None and preset not in STEP_PRESETS:
             raise ValueError(
@@ -140,6 +141,7 @@ class StepKL(KLController):
             beta_min=opts.get("beta_min", 0.0),
             beta_max=opts.get("beta_max", math.inf),
             hold=hold,
+            hold_limit=hold_limit,
         )
 
     def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
@@ -171,11 +173,12 @@ class ProportionalKL(KLController):
         horizon: float = 10000.0,
         clip: float = 0.2,
         hold: bool = False,
+        hold_limit: int | None = None,
     ) -> None:
         self.horizon = _positive("ProportionalKL", "horizon", horizon)
         self.clip = _positive("ProportionalKL", "clip", clip)
         super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max,
-                         hold=hold)
+                         hold=hold, hold_limit=hold_limit)
 
     def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
         raw = d / self.target - 1.0
@@ -234,10 +237,11 @@ class ExponentialKL(KLController):
         beta_max: float = 10.0,
         gain: float = 0.1,
         hold: bool = False,
+        hold_limit: int | None = None,
     ) -> None:
         self.gain = _positive("ExponentialKL", "gain", gain)
         super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max,
-                         hold=hold)
+                         hold=hold, hold_limit=hold_limit)
 
     def _next_beta(self, d: float, n_steps: int) -> tuple[float, bool]:
         x = min(self.gain * (d - self.target), 700.0)  # exp overflow guard; clamped below anyway
@@ -271,6 +275,7 @@ class PIDKL(KLController):
         p_ema: float = 0.0,
         d_ema: float = 0.0,
         hold: bool = False,
+        hold_limit: int | None = None,
     ) -> None:
         for gname, g in (("kp", kp), ("ki", ki), ("kd", kd)):
             if not (math.isfinite(float(g)) and float(g) >= 0):
@@ -281,7 +286,7 @@ class PIDKL(KLController):
         self.kp, self.ki, self.kd = float(kp), float(ki), float(kd)
         self.p_ema, self.d_ema = float(p_ema), float(d_ema)
         super().__init__(beta=beta, target=target, beta_min=beta_min, beta_max=beta_max,
-                         hold=hold)
+                         hold=hold, hold_limit=hold_limit)
         self.integral = self._beta
         self._delta_s: float | None = None
         self._d_s: float | None = None

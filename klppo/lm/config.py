@@ -108,6 +108,10 @@ class RLHFConfig:
     reference starts at 0 and, on a real LM, hardly comes back down once it has grown: a rule
     that lowers beta while the KL climbs towards the target lets it overshoot while beta climbs
     back (docs/algorithms.md). The metrics' held column is 1 while beta is held"""
+    hold_limit: int | None = field(default=None, metadata=at_least(1))
+    """with hold: the most iterations beta is held (None: until the KL reaches the target). A
+    start beta strong enough to keep the KL below the target is then released, and the rule
+    lowers it"""
     beta_min: Annotated[float, _flag("kl.beta-min", "beta_min")] = field(
         default=0.0, metadata=at_least(0, integer=False))
     """lower bound on beta"""

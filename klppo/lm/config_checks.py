@@ -55,6 +55,8 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
                    "or ref_reset_kl) reads it")
     if c.hold and c.target is None:
         raise _bad("hold", c.hold, "holds beta until the KL reaches the target: set a target")
+    if c.hold_limit is not None and not c.hold:
+        raise _bad("hold_limit", c.hold_limit, "bounds a hold: set hold")
     _check_mismatch(c)
     if c.kl_loss is not None and c.kl_placement != "loss":
         raise _bad("kl_loss", c.kl_loss, "only kl_placement=loss reads it")

@@ -96,7 +96,7 @@ class Experiment:
         try:
             self.ctrl = make_controller(cfg.controller, beta=cfg.beta, target=cfg.target,
                                         beta_min=cfg.beta_min, beta_max=cfg.beta_max,
-                                        hold=cfg.hold,
+                                        hold=cfg.hold, hold_limit=cfg.hold_limit,
                                         **({"horizon": cfg.effective_horizon}
                                            if cfg.controller == "proportional" else {}))
         except ValueError as e:
@@ -298,11 +298,13 @@ class Experiment:
         has not reached the target), that the start beta may be too strong for it to get
         there."""
         c = self.cfg
-        if (c.hold and c.controller != "fixed" and not self.ctrl.reached
+        if (c.hold and c.hold_limit is None and c.controller != "fixed"
+                and not self.ctrl.reached
                 and it == math.floor(RUN_HORIZON_FRACTION * c.iterations) + 1):
             log.warning("iteration %d: beta is still held at %g: the KL (%s) has not reached "
                         "its target %g in %d%% of the run; a beta this strong may never let it "
-                        "(start lower, or run without hold)", it, self.ctrl.value, c.kl_unit,
+                        "(start lower, set hold_limit, or run without hold)", it,
+                        self.ctrl.value, c.kl_unit,
                         c.target, round(100 * RUN_HORIZON_FRACTION))
 
     def warn_bound(self, it: int) -> None:

@@ -221,6 +221,35 @@ def test_hold_keeps_beta_until_the_kl_first_reaches_the_target_then_is_the_plain
     assert again.reached and again.update(0.01, 8) == plain.update(0.01, 8)
 
 
+@pytest.mark.parametrize("name", ["proportional", "exponential", "step", "pid"])
+def test_a_hold_limit_releases_a_beta_the_kl_never_reaches_then_the_plain_rule(name):
+    # beta strong enough to keep the KL at a quarter of its target: held for hold_limit updates,
+    # from then on the rule's own numbers (the rule fed the same KLs from that point on)
+    held = make_controller(name, beta=1.0, target=0.1, hold=True, hold_limit=3)
+    for _ in range(3):
+        assert held.update(0.025, 8) == 1.0 and held.info.held
+    plain = make_controller(name, beta=1.0, target=0.1)
+    released = [held.update(d, 8) for d in (0.025, 0.025, 0.05, 0.2)]
+    assert released == [plain.update(d, 8) for d in (0.025, 0.025, 0.05, 0.2)]
+    assert released[0] < 1.0 and not held.info.held
+    again = make_controller(name, beta=1.0, target=0.1, hold=True, hold_limit=3)
+    again.load_state_dict(held.state_dict())  # the update count carries the limit's progress
+    assert again.update(0.025, 8) == plain.update(0.025, 8)
+
+
+@pytest.mark.parametrize("limit, message", [
+    (0, "hold_limit must be an integer >= 1"), (2.5, "hold_limit must be an integer"),
+    (True, "hold_limit must be an integer")])
+def test_a_hold_limit_is_a_positive_integer(limit, message):
+    with pytest.raises(ValueError, match=message):
+        make_controller("proportional", beta=1.0, target=0.1, hold=True, hold_limit=limit)
+
+
+def test_a_hold_limit_without_hold_is_refused():
+    with pytest.raises(ValueError, match="hold_limit=2 bounds a hold: set hold=True"):
+        make_controller("proportional", beta=1.0, target=0.1, hold_limit=2)
+
+
 def test_without_hold_the_ramp_lowers_beta():
     from klppo.core.controllers import ProportionalKL
 

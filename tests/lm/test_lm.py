@@ -224,6 +224,25 @@ def test_hold_keeps_beta_until_the_kl_reaches_the_target_and_warns_at_a_quarter(
     assert recs[0]["beta_after"] < 0.1 and recs[0]["held"] == 0.0
 
 
+def test_a_hold_limit_releases_beta_after_its_iterations_without_the_warning(
+        tiny_model_dir, tmp_path, caplog):
+    cfg = RLHFConfig(model=str(tiny_model_dir), out=str(tmp_path / "held"), iterations=4,
+                     batch_size=4, minibatch_size=2, prompt_len=6, response_len=5,
+                     eval_every=4, eval_windows=2, beta=0.1, target=100.0, ppo_epochs=1,
+                     hold=True, hold_limit=2)
+    with caplog.at_level("WARNING", logger="klppo.lm.experiment"):
+        res = rlhf(cfg, reward=lambda p, r: [0.0 for _ in r])
+    recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["held"] for r in recs] == [1.0, 1.0, 0.0, 0.0]
+    assert [r["beta_after"] for r in recs][:2] == [0.1, 0.1] and recs[2]["beta_after"] < 0.1
+    assert not [m for m in caplog.messages if "still held" in m]
+
+
+def test_a_hold_limit_needs_hold():
+    with pytest.raises(ConfigError, match=r"^hold_limit=3: bounds a hold: set hold"):
+        validate_rlhf(RLHFConfig(hold_limit=3, target=1.0))
+
+
 def test_hold_needs_a_target():
     with pytest.raises(ConfigError, match=r"^hold=True: .*set a target"):
         validate_rlhf(RLHFConfig(hold=True, target=None))
