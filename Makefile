@@ -41,7 +41,7 @@ test-verl:
 	$(VERL_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(VERL_VENV)/bin/python -m pip install --quiet -e '.[dev]' verl==0.9.1 torch==2.13.0 \
 		cachetools uvicorn fastapi
-	$(VERL_VENV)/bin/python -m pytest -q tests/integrations/test_verl.py
+	$(VERL_VENV)/bin/python -m pytest -q tests/integrations/test_verl.py tests/integrations/test_verl_loss.py
 
 # ruff (with no print outside the CLI and docstrings in core/ and nn/) and mypy on all of klppo
 lint: $(STAMP)

@@ -131,7 +131,8 @@ def test_the_state_is_saved_beside_every_checkpoint_and_restored_on_resume(tmp_p
 
 def test_what_cannot_work_is_refused_before_training(tmp_path):
     cfg = _config(tmp_path)
-    with pytest.raises(VerlIntegrationError, match=r"controller beta=0.2 but algorithm"):
+    with pytest.raises(VerlIntegrationError,
+                       match=r"the controller starts at 0.2 but algorithm.kl_ctrl.kl_coef=0.05"):
         attach(_trainer(cfg), "proportional", beta=0.2, target=0.1)
     with pytest.raises(VerlIntegrationError, match=r"controller='nope'"):
         attach(_trainer(cfg), "nope")

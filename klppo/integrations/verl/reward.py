@@ -23,26 +23,25 @@ over the response. Needs no verl to import; ``docs/integrations.md`` says what w
 
 from __future__ import annotations
 
-import math
-import operator
-import os
 from pathlib import Path
 from typing import Any
 
-from klppo.core.controllers import KLController, make_controller
+from klppo.core.controllers import KLController
 from klppo.integrations import controller_state as S
-from klppo.runs.errors import UserInputError
-from klppo.runs.typecheck import short_repr
+from klppo.integrations.verl._checks import (
+    VerlIntegrationError,
+    build_controller,
+    count,
+    hook_checkpoints,
+    number,
+    starts_at,
+)
 
-__all__ = ["RewardKLControl", "attach", "FORMAT", "FED_UNIT", "VerlIntegrationError"]
+__all__ = ["RewardKLControl", "attach", "FORMAT", "FED_UNIT"]
 
 FORMAT = "klppo.integrations.verl/1"
 #: the unit of ``current_kl`` that ``apply_kl_penalty`` feeds its controller
 FED_UNIT = "per_sequence_mean"
-
-
-class VerlIntegrationError(UserInputError):
-    """A controller or trainer the verl bridge cannot drive (raised before training)."""
 
 
 class RewardKLControl:
@@ -51,7 +50,7 @@ class RewardKLControl:
     beta after."""
 
     def __init__(self, controller: KLController | str, **options: Any) -> None:
-        self.controller = _controller(controller, options)
+        self.controller = build_controller(controller, options)
         self.history: list[dict[str, float]] = []
 
     @property
@@ -67,7 +66,7 @@ class RewardKLControl:
     def update(self, current_kl: float, n_steps: int) -> None:
         """verl's call after each batch: the batch's KL (``per_sequence_mean``) and its number of
         responses."""
-        kl, n = _number("current_kl", current_kl), _count("n_steps", n_steps)
+        kl, n = number("current_kl", current_kl), count("n_steps", n_steps)
         beta = self.controller.value
         self.controller.update(kl, n_steps=n)
         self.history.append({"kl": kl, "beta": beta, "beta_next": self.controller.value,
@@ -89,83 +88,21 @@ class RewardKLControl:
         S.load_controller(self.controller, saved, folder)
 
 
-def _number(name: str, v: Any) -> float:
-    """A finite real number, else :class:`VerlIntegrationError` naming the argument."""
-    if isinstance(v, bool):
-        raise VerlIntegrationError(f"{name}={v!r}: must be a finite number")
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise VerlIntegrationError(f"{name}={short_repr(v)}: must be a finite number") from None
-    if not math.isfinite(x):
-        raise VerlIntegrationError(f"{name}={x!r}: must be a finite number")
-    return x
-
-
-def _count(name: str, v: Any) -> int:
-    """An integer >= 1 (numpy and torch integers too), else :class:`VerlIntegrationError`."""
-    try:
-        n = operator.index(v)
-    except TypeError:
-        raise VerlIntegrationError(f"{name}={short_repr(v)}: must be an integer >= 1") from None
-    if isinstance(v, bool) or n < 1:
-        raise VerlIntegrationError(f"{name}={short_repr(v)}: must be an integer >= 1")
-    return n
-
-
-def _controller(controller: KLController | str, options: dict[str, Any]) -> KLController:
-    if isinstance(controller, str):
-        try:
-            return make_controller(controller, **options)  # type: ignore[arg-type]
-        except (TypeError, ValueError) as e:
-            raise VerlIntegrationError(f"controller={controller!r}: {e}") from None
-    if not isinstance(controller, KLController):
-        raise VerlIntegrationError(
-            f"controller={short_repr(controller)}: must be a klppo KLController or a controller "
-            "name (fixed, step, proportional, exponential, pid)")
-    if options:
-        raise VerlIntegrationError(f"options {sorted(options)}: given with a controller object; "
-                                   "set them on the controller")
-    return controller
-
-
 def attach(trainer: Any, controller: KLController | str, **options: Any) -> RewardKLControl:
     """Replace ``trainer.kl_ctrl_in_reward`` (a verl ``RayPPOTrainer`` with
-    ``algorithm.use_kl_in_reward=True``) by a :class:`RewardKLControl`, and make the trainer's
-    ``_save_checkpoint`` / ``_load_checkpoint`` (on this object only) save and restore it."""
+    ``algorithm.use_kl_in_reward=True``) by a :class:`RewardKLControl` over ``controller`` (a klppo
+    controller, or a controller name with ``options``; ``beta`` defaults to
+    ``algorithm.kl_ctrl.kl_coef``), and make the trainer's ``_save_checkpoint`` /
+    ``_load_checkpoint`` (on this object only) save and restore it."""
     cfg = trainer.config
     if not cfg.algorithm.use_kl_in_reward:
         raise VerlIntegrationError("algorithm.use_kl_in_reward=False: verl applies no reward-side "
                                    "KL, so there is no coefficient to drive")
-    kl_coef = _number("algorithm.kl_ctrl.kl_coef", cfg.algorithm.kl_ctrl.kl_coef)
+    kl_coef = number("algorithm.kl_ctrl.kl_coef", cfg.algorithm.kl_ctrl.kl_coef)
     ctrl = RewardKLControl(controller, **{"beta": kl_coef, **options}
                            if isinstance(controller, str) else options)
-    if ctrl.value != kl_coef:
-        raise VerlIntegrationError(
-            f"controller beta={ctrl.value} but algorithm.kl_ctrl.kl_coef="
-            f"{cfg.algorithm.kl_ctrl.kl_coef}: start the controller at the configured beta")
+    starts_at("the controller", ctrl.value, cfg.algorithm.kl_ctrl.kl_coef,
+              "algorithm.kl_ctrl.kl_coef")
     trainer.kl_ctrl_in_reward = ctrl
-    save, load = trainer._save_checkpoint, trainer._load_checkpoint
-
-    def _save_checkpoint(*args: Any, **kwargs: Any) -> Any:
-        out = save(*args, **kwargs)
-        folder = Path(cfg.trainer.default_local_dir) / f"global_step_{trainer.global_steps}"
-        ctrl.save(folder, int(trainer.global_steps))
-        return out
-
-    def _load_checkpoint(*args: Any, **kwargs: Any) -> Any:
-        out = load(*args, **kwargs)
-        if int(getattr(trainer, "global_steps", 0) or 0) > 0:
-            ctrl.load(_resumed_folder(cfg, int(trainer.global_steps)), int(trainer.global_steps))
-        return out
-
-    trainer._save_checkpoint, trainer._load_checkpoint = _save_checkpoint, _load_checkpoint
+    hook_checkpoints(trainer, ctrl.save, ctrl.load)
     return ctrl
-
-
-def _resumed_folder(cfg: Any, step: int) -> Path:
-    """The folder verl's ``_load_checkpoint`` resumed from (its own rule)."""
-    if cfg.trainer.resume_mode == "resume_path":
-        path = str(cfg.trainer.resume_from_path)
-        return Path(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
-    return Path(cfg.trainer.default_local_dir) / f"global_step_{step}"
