@@ -95,7 +95,8 @@ class KLControlCallback(TrainerCallback):
                                                     "beta_next",
                                                     "relative_error", "error_clipped",
                                                     "mean_length", "n_steps", "updated",
-                                                    "held", "at_bound")
+                                                    "held", "at_bound",
+                                                    *(k for k in rec if k.startswith("mismatch_")))
                    if rec.get(k) is not None}
         logs.update(numbers)  # the reporters after this callback (attach puts it first) see them
         last = state.log_history[-1] if state.log_history else None
@@ -181,6 +182,7 @@ class KLControlCallback(TrainerCallback):
             rec["kl_penalised"] = self.tap.penalised(steps)
             observed = rec["kl_penalised"] if self.unit == self.penalised_unit \
                 else self.tap.window(self.unit)
+            rec.update(self.tap.mismatch.stats() or {})
             self.tap.reset()
             if observed is None:
                 raise RuntimeError(f"step {state.global_step}: {spec.class_name} computed no "

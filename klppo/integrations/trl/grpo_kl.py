@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from klppo.core.kl import per_sequence_mean, per_sequence_sum, sampled_kl
+from klppo.integrations.trl.mismatch import MismatchWindow
 
 __all__ = ["LOSS_UNITS", "UNIT_MEANINGS", "KLTap", "unit_value"]
 
@@ -81,6 +82,7 @@ class KLTap:
         self.trainer = trainer
         self._logps: torch.Tensor | None = None
         self.calls = 0
+        self.mismatch = MismatchWindow(trainer.accelerator)
         self.reset()
         self._logps_fn = trainer._get_per_token_logps_and_entropies
         self._loss_fn = trainer._compute_loss
@@ -90,6 +92,7 @@ class KLTap:
     def reset(self) -> None:
         """Start a new window."""
         self.sums = dict.fromkeys(_FIELDS, 0.0)
+        self.mismatch.reset()
 
     def window(self, unit: str) -> float | None:
         """The window's KL in ``unit`` over all its tokens pooled (None: no loss call since the
@@ -117,8 +120,10 @@ class KLTap:
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
         self._logps = None
         loss = self._loss_fn(model, inputs)
-        if self.trainer.model.training and self.trainer.beta != 0.0:
-            self._add(inputs)
+        if self.trainer.model.training:
+            self.mismatch.add(inputs)
+            if self.trainer.beta != 0.0:
+                self._add(inputs)
         return loss
 
     def _add(self, inputs: dict[str, Any]) -> None:
