@@ -154,3 +154,40 @@ def recover(kind, out, model):
         if d not in got:
             got[d] = rl.train(_train_config(d, seed)).metrics
     return [got[d] for d in _dirs(out)]
+
+
+def _limited(limit, kind, out, model):
+    """``start`` in a child whose files may not grow past ``limit`` bytes (``ulimit -f``: Python
+    ignores SIGXFSZ, so the write that would pass it fails with EFBIG)."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    code = ("import sys; sys.path.insert(0, '.'); from tests.runs.test_kill_boundaries import "
+            f"start; start({kind!r}, {str(out)!r}, {str(model)!r})")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, preexec_fn=cap)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["train", "group", "rlhf"])
+def test_a_file_size_limit_fails_the_run_with_its_reason_and_it_resumes_exactly(kind, tmp_path):
+    model = ""
+    if kind == "rlhf":
+        pytest.importorskip("transformers")
+        from tests.lm.conftest import make_tiny_model
+
+        model = make_tiny_model(tmp_path / "model")
+    start(kind, tmp_path / "full", model)
+    want = _strip(resume(kind, tmp_path / "full", model))
+    largest = max(p.stat().st_size for p in (tmp_path / "full").rglob("*") if p.is_file())
+    for limit in (2048, largest // 2):
+        out = tmp_path / f"limit{limit}"
+        failed = _limited(limit, kind, out, model)
+        # a run alone raises; a group records each run's failure and returns
+        assert (failed.returncode == 0) is (kind == "group"), (limit, failed.stderr[-2000:])
+        for d in _dirs(out) if kind == "group" else [out]:
+            status = json.loads((d / "status.json").read_text())
+            assert status["state"] == "failed" and "File too large" in status["error"], limit
+        assert _strip(recover(kind, out, model)) == want, limit
