@@ -31,13 +31,13 @@ from klppo.runs.errors import ResumeError, RunFailed
 from klppo.runs.lifecycle import (
     OnIteration,
     RunLife,
+    check_config_unchanged,
     check_metrics,
     check_run_dir,
     run_iterations,
 )
 from klppo.runs.paths import check_writable
 from klppo.runs.threads import compute_threads
-from klppo.runs.typecheck import short_repr
 
 __all__ = ["RLHFResult", "RLHFError", "ResumeError", "rlhf", "resume_rlhf", "read_run_config",
            "read_checkpoint", "TIMING_KEYS", "CHECKPOINT", "score_sequences", "per_token_kl",
@@ -189,25 +189,12 @@ def resume_rlhf(run_dir: str | Path, reward: RewardFn | None = None,
 RESUME_MAY_CHANGE = frozenset({"out", "checkpoint_every", "torch_threads", "device"})
 
 
-def _plain(v: Any) -> Any:
-    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
-
-
 def _check_config(run_dir: Path, cfg: RLHFConfig, saved: Any) -> None:
     """config.yaml against the checkpoint's own copy of the config (checkpoints written before
     klppo kept one have none): an edit other than :data:`RESUME_MAY_CHANGE` is refused."""
-    if saved is None:
-        return
-    path = run_dir / "config.yaml"
-    if not isinstance(saved, dict):
-        raise ResumeError(f"checkpoint={str(run_dir / CHECKPOINT)!r}: its config is "
-                          f"{type(saved).__name__}, not a mapping: damaged or forged")
-    now = dataclasses.asdict(cfg)
-    for key in sorted(now.keys() - RESUME_MAY_CHANGE):
-        if key in saved and _plain(saved[key]) != _plain(now[key]):
-            raise ResumeError(f"{path}: {key}={short_repr(now[key])} but the checkpoint was "
-                              f"made with {short_repr(saved[key])}; a resume continues the same "
-                              "run (undo the edit or start a new run)")
+    if saved is not None:
+        check_config_unchanged(run_dir, dataclasses.asdict(cfg), saved,
+                               dataclasses.asdict(RLHFConfig()), RESUME_MAY_CHANGE)
 
 
 def _restore(run_dir: Path, reward: RewardFn | None) -> Experiment | None:

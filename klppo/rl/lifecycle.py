@@ -14,7 +14,12 @@ from klppo.rl.lr_schedule import lr_fraction
 from klppo.runs import checkpoint as ckpt
 from klppo.runs import rundir as R
 from klppo.runs.errors import ResumeError
-from klppo.runs.lifecycle import check_metrics, check_run_dir, metrics_records
+from klppo.runs.lifecycle import (
+    check_config_unchanged,
+    check_metrics,
+    check_run_dir,
+    metrics_records,
+)
 from klppo.runs.typecheck import short_repr
 
 __all__ = ["RunTrainer", "ResumeError", "read_run_config", "check_resume", "extend_config",
@@ -97,36 +102,17 @@ def read_run_config(run_dir: str | Path, what: str = "resume") -> TrainConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix.rstrip("."): d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any, extending: bool) -> None:
     """The checkpoint's config (written since klppo stored it there) must equal ``config.yaml``
     but for :data:`RESUMABLE_CHANGES` (and :data:`EXTENSION_FIELDS` when ``extending``: a
     new total is being set, which rewrites both)."""
-    path = run_dir / "config.yaml"
-    if not isinstance(saved, dict):
-        raise ResumeError(f"{run_dir / 'checkpoint.pt'}: its config is {short_repr(saved)}, not a "
-                          f"mapping; the checkpoint is not one klppo wrote")
-    old, new = _flatten(saved), _flatten(to_dict(cfg))
-    defaults = _flatten(to_dict(TrainConfig()))  # a field newer than the checkpoint: its default
-    free = RESUMABLE_CHANGES | (EXTENSION_FIELDS if extending else frozenset())
-    for key in sorted(set(old) | set(new)):
-        before = old.get(key, defaults.get(key))
-        if key.split(".")[0] in free or before == new.get(key):
-            continue
-        what = ("to change the total: klppo train --resume DIR --total-steps N"
+    def hint(key: str) -> str:
+        return ("to change the total: klppo train --resume DIR --total-steps N"
                 if key in EXTENSION_FIELDS else
                 "undo the edit or start a new run; docs/reliability.md says what may change")
-        raise ResumeError(f"{path}: {key}={short_repr(new.get(key))} but the checkpoint was made "
-                          f"with {short_repr(before)}; a resume continues the same run "
-                          f"({what})")
+
+    free = RESUMABLE_CHANGES | (EXTENSION_FIELDS if extending else frozenset())
+    check_config_unchanged(run_dir, to_dict(cfg), saved, to_dict(TrainConfig()), free, hint)
 
 
 def _check_metadata(run_dir: Path) -> None:

@@ -200,6 +200,43 @@ def check_run_dir(run_dir: Path, command: str, what: str = "resume") -> None:
         raise ResumeError(f"{name}: not a klppo run directory (no config.yaml); {why}")
 
 
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"a.b": value}``; lists and tuples alike (YAML has no tuples)."""
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict)
+                   else {f"{prefix}{k}": _plain(v)})
+    return out
+
+
+def _plain(v: Any) -> Any:
+    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def check_config_unchanged(run_dir: Path, now: dict[str, Any], saved: Any,
+                           defaults: dict[str, Any], may_change: frozenset[str],
+                           hint: Callable[[str], str] | None = None) -> None:
+    """A resume continues the same run: ``config.yaml`` (``now``, as a mapping) must equal the
+    checkpoint's own copy (``saved``) but for the fields (top-level names) in ``may_change``.
+    A field newer than the checkpoint compares against its default (``defaults``). One-line
+    :class:`ResumeError` naming the file, the field and both values; ``hint(field)`` says what
+    to do (default: undo the edit)."""
+    if not isinstance(saved, dict):
+        raise ResumeError(f"{run_dir / 'checkpoint.pt'}: its config is {short_repr(saved)}, not a "
+                          f"mapping; the checkpoint is not one klppo wrote")
+    old, new, default = _flatten(saved), _flatten(now), _flatten(defaults)
+    for key in sorted(set(old) | set(new)):
+        before = old.get(key, default.get(key))
+        if key.split(".")[0] in may_change or before == new.get(key):
+            continue
+        what = hint(key) if hint else "undo the edit or start a new run"
+        raise ResumeError(f"{run_dir / 'config.yaml'}: {key}={short_repr(new.get(key))} but the "
+                          f"checkpoint was made with {short_repr(before)}; a resume continues "
+                          f"the same run ({what})")
+
+
 def metrics_records(path: Path) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl``, each a JSON object with a whole iteration count; a
     torn last line (a kill mid-write) is dropped. ResumeError naming the line otherwise."""
