@@ -56,7 +56,14 @@ def exit_code(err: BaseException) -> int:
 
 
 def fail(command: str, err: BaseException) -> int:
-    """Report ``err`` in one line (:func:`say_error`); its exit status (:func:`exit_code`)."""
+    """Report ``err`` in one line (:func:`say_error`); its exit status (:func:`exit_code`). A
+    closed output pipe (``klppo train --help | head``) ends quietly, as a Unix tool does
+    (128 + SIGPIPE), its stdout pointed at /dev/null so the exit flush cannot fail again."""
+    if isinstance(err, BrokenPipeError):
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     say_error(command, err)
     return exit_code(err)
 

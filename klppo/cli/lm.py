@@ -49,7 +49,7 @@ def run(argv: list[str]) -> int:
         what = f"unknown command {argv[0]!r}; " if argv else ""
         say_error("lm", f"{what}usage: klppo lm pretrain [FLAGS...] (klppo lm --help)")
         return BAD_INPUT
-    from klppo.lm.pretrain import PretrainConfig, pretrain, validate_pretrain
+    from klppo.lm.pretrain_config import PretrainConfig, validate_pretrain
 
     try:
         cfg = validate_pretrain(parse_config_flags(PretrainConfig, argv[1:],
@@ -57,6 +57,8 @@ def run(argv: list[str]) -> int:
                                                    description=PRETRAIN_DESCRIPTION))
     except REPORTED as e:
         return fail("lm pretrain", e)
+    from klppo.lm.pretrain import pretrain
+
     quiet_hf_progress()
     print(f"pretraining a small GPT-2 on the Austen train split ({cfg.steps} steps; the "
           f"tokenizer first) ...", flush=True)

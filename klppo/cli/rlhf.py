@@ -48,11 +48,12 @@ class RLHFProgress(Closes):
 def _rlhf_config(config: str | None, rest: list[str]):
     """The config from --config (YAML) and the flags over it, validated."""
     from klppo.lm.config import ConfigError, RLHFConfig
-    from klppo.lm.config_checks import config_from_dict
-    from klppo.runs.configfile import read_config_file
 
     base = RLHFConfig()
     if config is not None:
+        from klppo.lm.config_checks import config_from_dict
+        from klppo.runs.configfile import read_config_file
+
         try:
             base = config_from_dict(read_config_file(config, "config"))
         except ConfigError as e:
@@ -73,7 +74,6 @@ def run(argv: list[str]) -> int:
     pre.add_argument("--config")
     pre.add_argument("--resume")
     known, rest = pre.parse_known_args(argv)
-    quiet_hf_progress()
     try:
         res = _start(known, rest)
     except REPORTED as e:  # a failed run (RunFailed) exits 1, bad input 2
@@ -95,16 +95,18 @@ def run(argv: list[str]) -> int:
 
 def _start(known, rest: list[str]):
     """Run (or resume) what the flags ask for; the RLHF result."""
-    from klppo.lm.rlhf import resume_rlhf, rlhf
-
     if known.resume is None:
-        cfg = _rlhf_config(known.config, rest)
+        cfg = _rlhf_config(known.config, rest)  # --help exits here, before torch is imported
+        from klppo.lm.rlhf import rlhf
+
+        quiet_hf_progress()
         with RLHFProgress(cfg.iterations) as progress:
             return rlhf(cfg, on_iteration=progress)
     if rest or known.config is not None:
         raise FlagError(f"resume={known.resume!r}: takes no other flags (the run's "
                         f"config.yaml is used), got {' '.join(rest) or '--config'}")
-    from klppo.lm.rlhf import read_run_config
+    from klppo.lm.rlhf import read_run_config, resume_rlhf
 
+    quiet_hf_progress()
     with RLHFProgress(read_run_config(known.resume).iterations) as progress:
         return resume_rlhf(known.resume, on_iteration=progress)

@@ -102,10 +102,10 @@ def _compare_configs(a: argparse.Namespace) -> dict:
 
 def run(argv: list[str]) -> int:
     """``klppo rlhf compare ARGV``: 0 when every arm finished, 1 otherwise, 2 on bad input."""
+    a = _compare_parser().parse_args(argv)  # --help exits here, before torch is imported
     from klppo.experiments.rlhf_compare import run_compare as go
     from klppo.report.lm import lm_report
 
-    a = _compare_parser().parse_args(argv)
     try:
         configs = _compare_configs(a)
     except REPORTED as e:

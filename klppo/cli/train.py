@@ -149,7 +149,6 @@ def parse_train(argv: list[str]):
     :class:`~klppo.runs.errors.UserInputError` (or ``OSError``, ``ValueError``) with the
     one-line message the command prints; ``--help`` exits 0."""
     from klppo.rl import config as C
-    from klppo.rl.config_checks import validate
 
     pre = RaisingParser(prog="klppo train", add_help=False, allow_abbrev=False)
     pre.add_argument("--preset", type=name_arg, action=Once)
@@ -162,7 +161,10 @@ def parse_train(argv: list[str]):
     base = _load_base(known)
     if known.env_kwargs is not None:
         base = C.from_dict({"env_kwargs": _mapping(known.env_kwargs)}, base)
-    return validate(parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE))
+    cfg = parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE)  # --help exits
+    from klppo.rl.config_checks import validate
+
+    return validate(cfg)
 
 
 def _mapping(text: str) -> dict:

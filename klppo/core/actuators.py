@@ -31,11 +31,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal
 
+from klppo.core.names import RuleName
+
 __all__ = ["ActuatorInfo", "KLStepRule", "RslRlRule", "RlGamesRule", "ACTUATOR_RULES",
            "CLIP_BOUNDS", "Knob", "RuleName", "Timing", "make_actuator_rule"]
 
 Knob = Literal["lr", "clip"]
-RuleName = Literal["rsl_rl", "rl_games"]
 Timing = Literal["before_step", "after_step"]
 
 #: default bounds of an actuated clip radius eps (klppo's choice; rsl_rl and rl_games adapt the lr)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
 
 from klppo.core._checks import check_same_shape
-
-NormScope = Literal["rollout", "minibatch", "none"]
+from klppo.core.names import NormScope
 
 __all__ = ["NormScope", "gae", "normalize_advantage"]
 

@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Literal
+from typing import Any
 
 from klppo.core.controller_base import KLController, UpdateInfo, _positive
-
-ControllerName = Literal["fixed", "step", "proportional", "exponential", "pid"]
-StepPreset = Literal["ppo_paper", "rllib", "torchrl", "klip"]
+from klppo.core.names import ControllerName, StepPreset
 
 __all__ = [
     "UpdateInfo",

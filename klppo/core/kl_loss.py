@@ -40,15 +40,15 @@ correction, not a clipped one.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 
 from klppo.core.kl import ESTIMATORS, per_sequence_sum
+from klppo.core.names import KLLossForm
 
 __all__ = ["KLLossForm", "KL_LOSS_FORMS", "kl_loss_terms", "kl_loss_combination"]
 
-KLLossForm = Literal["k1_to_go", "k2_sequence", "k3_ratio", "k3"]
 KL_LOSS_FORMS: tuple[str, ...] = get_args(KLLossForm)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Literal, cast
+from typing import cast
 
 import torch
 
@@ -18,6 +18,7 @@ from klppo.core._checks import check_positive, check_same_shape
 from klppo.core.advantages import NormScope, normalize_advantage
 from klppo.core.band import DEFAULT_EPS
 from klppo.core.diagnostics import policy_diagnostics
+from klppo.core.names import KLEstimatorChoice, ObjectiveName
 from klppo.core.objectives import (
     NO_KNOBS,
     OBJECTIVES,
@@ -31,12 +32,6 @@ from klppo.core.objectives import (
 from klppo.core.sequence_objectives import SequenceObjective
 from klppo.core.surrogates import Shape
 from klppo.core.values import ValueLossKind, explained_variance, value_loss
-
-ObjectiveName = Literal["clip", "per_sample_kl", "kl_penalty", "unclipped", "clip_kl", "cispo",
-                        "sapo", "spo", "sq_log_ratio", "r2vpo", "dppo_tv", "dppo_kl", "clip_cov",
-                        "kl_cov", "gspo", "gmpo", "trm", "topr"]
-KLEstimatorChoice = Literal["analytic", "k1", "k2", "k3", "abs", "k3_flipped", "tutorial",
-                            "k1+", "k3+"]
 
 __all__ = ["ObjectiveName", "PPOLoss", "PolicyTerm", "OBJECTIVES", "PER_SAMPLE"]
 

@@ -41,16 +41,16 @@ every correction anyway).
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 
 from klppo.core.kl import per_sequence_sum
+from klppo.core.names import MismatchCorrection
 
 __all__ = ["MismatchCorrection", "MISMATCH_CORRECTIONS", "DEFAULT_BOUNDS", "mismatch_weights",
            "mismatch_stats", "bounds_problem"]
 
-MismatchCorrection = Literal["none", "tis", "seq_tis", "mis", "icepop", "m2po"]
 MISMATCH_CORRECTIONS: tuple[str, ...] = get_args(MismatchCorrection)
 #: (lower, upper) of each correction (a lower bound: icepop, and mis when two-sided)
 DEFAULT_BOUNDS: dict[str, tuple[float | None, float | None]] = {

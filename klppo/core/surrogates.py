@@ -37,15 +37,14 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 
 from klppo.core._checks import check_positive, check_same_shape
 from klppo.core.band import DEFAULT_EPS, DEFAULT_EPS_HIGH_ASYMMETRIC, kill_mask, kill_sides
 from klppo.core.band import band_edges as _band
+from klppo.core.names import Shape
 
-Shape = Literal["clip", "asymmetric", "linear_ramp", "sigmoid", "soft_min", "spo"]
 ShapeLike = Shape | Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Band = float | torch.Tensor
 

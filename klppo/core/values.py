@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import numpy as np
 import torch
@@ -11,8 +10,7 @@ import torch.nn.functional as F
 from torch import distributions as D
 
 from klppo.core._checks import check_positive, check_same_shape
-
-ValueLossKind = Literal["l2", "l1", "smooth_l1"]
+from klppo.core.names import ValueLossKind
 
 __all__ = ["ValueLossKind", "value_loss", "value_loss_closed_form", "entropy",
            "explained_variance"]

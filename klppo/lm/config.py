@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 import tyro
 
-from klppo.core.controllers import ControllerName
-from klppo.core.kl_gradient_claims import claimed, gradient_warning
-from klppo.core.kl_gradients import Combination
-from klppo.core.kl_loss import KLLossForm, kl_loss_combination
-from klppo.core.loss import ObjectiveName
-from klppo.core.mismatch import MismatchCorrection
+from klppo.core.names import ControllerName, KLLossForm, MismatchCorrection, ObjectiveName
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import Range, above, at_least, below, within
+
+if TYPE_CHECKING:
+    from klppo.core.kl_gradients import Combination
 
 KLEstimatorLM = Literal["k1", "k3", "full", "k3_flipped", "tutorial"]
 KLPlacement = Literal["reward", "loss"]
@@ -262,6 +260,9 @@ def kl_gradient_combination(c: RLHFConfig) -> Combination:
     (:func:`~klppo.core.kl_loss.kl_loss_combination`), whatever ``kl_estimator`` (which then
     only measures the KL). Later PPO epochs reuse the samples: per-token ratios for the reward
     (PPO's surrogate), the form's own correction in the loss."""
+    from klppo.core.kl_gradients import Combination
+    from klppo.core.kl_loss import kl_loss_combination
+
     if c.kl_placement == "loss":
         est, place, gran, corr = kl_loss_combination(kl_loss_form(c))
         if c.response_len == 1:  # one token: its sequence log-ratio is its own
@@ -278,6 +279,8 @@ def kl_loss_form(c: RLHFConfig) -> str:
 def kl_gradient_warning(c: RLHFConfig) -> str | None:
     """None when the config's KL penalty has the gradient of KL(policy || reference); else one
     line naming the combination, the KL it descends and the settings that are unbiased."""
+    from klppo.core.kl_gradient_claims import claimed, gradient_warning
+
     msg = gradient_warning(kl_gradient_combination(c))
     if msg is None:
         return None

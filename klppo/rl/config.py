@@ -12,13 +12,17 @@ from typing import Annotated, Any, Literal
 
 from tyro.conf import Suppress
 
-from klppo.core.actuators import RuleName
-from klppo.core.advantages import NormScope
-from klppo.core.controllers import ControllerName, StepPreset
-from klppo.core.loss import KLEstimatorChoice, ObjectiveName
-from klppo.core.mismatch import MismatchCorrection
-from klppo.core.surrogates import Shape
-from klppo.core.values import ValueLossKind
+from klppo.core.names import (
+    ControllerName,
+    KLEstimatorChoice,
+    MismatchCorrection,
+    NormScope,
+    ObjectiveName,
+    RuleName,
+    Shape,
+    StepPreset,
+    ValueLossKind,
+)
 from klppo.runs.configfile import overlay
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import Range, above, at_least, below, within
