@@ -33,6 +33,7 @@ RUN_OWNED = {
     "config.yaml": "its config",
     "metadata.json": "its provenance record",
     "status.json": "its status",
+    ".status.reserve": "the room kept for its final status on a full disk",
     "metrics.jsonl": "its metrics",
     "checkpoint.pt": "its checkpoint",
     "spaces.json": "its observation and action spaces",

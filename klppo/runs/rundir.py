@@ -312,25 +312,61 @@ def record_resume(run_dir: Path, iteration: int, **extra: Any) -> dict[str, Any]
     return meta
 
 
-#: status.json is padded to this size, so that a final status fits in place on a full disk
-STATUS_RESERVE = 2048
+#: a file of this many bytes (a disk block) kept beside status.json: on a full disk it is
+#: deleted to make room for the final status, so status.json itself is plain JSON
+STATUS_RESERVE = 4096
+RESERVE_FILE = ".status.reserve"
 
 
 def write_status(run_dir: Path, state: str, **fields: Any) -> None:
-    """Write ``status.json`` atomically. On a full disk (no room for the temp file), write the
-    state, iteration and error in place over the previous file, within the room it reserved."""
+    """Write ``status.json`` atomically. On a full disk, delete the run's reserve file
+    (:data:`RESERVE_FILE`) and write again; with no reserve left, write the state, iteration and
+    error in place over the previous file, within its size."""
     path = run_dir / "status.json"
     record = {"state": state, "time": time.time(), **fields}
-    text = json.dumps(record, indent=2, default=str)
+    data = json.dumps(record, indent=2, default=str).encode() + b"\n"
     try:
-        atomic_write_bytes(path, text.ljust(STATUS_RESERVE).encode())
+        atomic_write_bytes(path, data)
     except OSError as e:
-        if e.errno != errno.ENOSPC or not path.exists():
+        if e.errno != errno.ENOSPC:
             raise
-        _overwrite_in_place(path, record)
+        if not _release_reserve(run_dir):
+            if not path.exists():
+                raise
+            _overwrite_in_place(path, record)
+            return
+        atomic_write_bytes(path, data)
+    _keep_reserve(run_dir)
+
+
+def _release_reserve(run_dir: Path) -> bool:
+    """Delete the reserve file; whether there was one."""
+    try:
+        (run_dir / RESERVE_FILE).unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _keep_reserve(run_dir: Path) -> None:
+    """Make the reserve file when it is missing and there is room (never an error)."""
+    reserve = run_dir / RESERVE_FILE
+    if reserve.exists():
+        return
+    try:
+        with open(reserve, "xb") as f:
+            f.write(b"\0" * STATUS_RESERVE)
+            f.flush()
+            os.fsync(f.fileno())
+    except FileExistsError:
+        return
+    except OSError:  # no room (or a file-size limit): no reserve this time
+        reserve.unlink(missing_ok=True)
 
 
 def _overwrite_in_place(path: Path, record: dict[str, Any]) -> None:
+    """The state, iteration and error over the previous status, within its size (the rest
+    blanked)."""
     room = path.stat().st_size
     short: dict[str, Any] = {k: record[k] for k in ("state", "time", "iteration", "error")
                              if k in record}

@@ -83,6 +83,8 @@ def test_a_full_disk_mid_run_fails_cleanly_and_resumes_exactly(small_disk, tmp_p
     for f in fillers:
         f.unlink()
     assert _strip(rl.resume(run).metrics) == full
+    assert (run / ".status.reserve").stat().st_size == 4096  # kept again once there is room
+    assert (run / "status.json").read_text().endswith("}\n")  # plain JSON, no padding
 
 
 def test_a_full_disk_at_start_leaves_nothing_and_names_the_file(small_disk):
@@ -91,3 +93,25 @@ def test_a_full_disk_at_start_leaves_nothing_and_names_the_file(small_disk):
         rl.train(_cfg(small_disk / "run"))
     assert e.value.errno == errno.ENOSPC and str(small_disk / "run") in str(e.value)
     assert not (small_disk / "run").exists()
+
+
+def test_the_final_status_takes_the_reserved_room_on_a_full_disk(small_disk):
+    """status.json is plain JSON; a block kept beside it (``.status.reserve``) is given up for
+    the final status when the disk is full, then the previous status is overwritten in place."""
+    from klppo.runs.rundir import write_status
+
+    run = small_disk / "run"
+    run.mkdir()
+    write_status(run, "running", iteration=3)
+    assert (run / ".status.reserve").stat().st_size == 4096
+    filler = _fill(small_disk, 0)
+    error = "OSError: [Errno 28] No space left on device: " + "x" * 300
+    write_status(run, "failed", iteration=3, error=error, traceback="Traceback ...")
+    status = json.loads((run / "status.json").read_text())
+    assert status["error"] == error and status["traceback"] == "Traceback ..."
+    (run / ".status.reserve").unlink(missing_ok=True)  # (remade when the old status was freed)
+    filler.unlink()
+    _fill(small_disk, 0)  # full again, no reserve: the state goes in place, shortened
+    write_status(run, "interrupted", iteration=4, error=error)
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "interrupted" and "in place" in status["note"]
