@@ -47,3 +47,15 @@ def test_an_integration_whose_extra_is_missing_is_left_out_not_fatal(monkeypatch
     assert not any(m.startswith("klppo.integrations.torchrl") for m in found)
     assert any(m.startswith("klppo.integrations.torchrl") for m in missing)
     assert "klppo.core.kl" in found
+
+
+def test_a_module_left_out_gets_its_members_read_from_the_source(tmp_path):
+    """Without TRL, klppo.integrations.trl's page still names attach with its signature and
+    docstring (read by ast from the module it is imported from), reST roles made plain."""
+    tool = _tool()
+    tool.stub_page(tmp_path, "klppo.integrations.trl (needs trl)")
+    page = (tmp_path / "klppo" / "integrations" / "trl.html").read_text()
+    assert "attach(trainer: Any, controller: KLController | str, *" in page
+    assert "class KLControlCallback(trainer: Any, controller: KLController" in page
+    assert "Drive <code>" not in page and ":class:`" not in page
+    assert "Drive trainer.beta" in page  # attach's docstring, its first words

@@ -139,3 +139,29 @@ def test_every_committed_report_is_linked_from_the_results_page():
     linked = set(re.findall(r"\]\(([^)]+report\.html)\)", page))
     have = {p.relative_to(results).as_posix() for p in results.rglob("report.html")}
     assert have <= linked, f"not linked from docs/results/README.md: {sorted(have - linked)}"
+
+
+def test_every_page_of_a_snapshot_is_linked_from_its_opening_page(tmp_path):
+    build = _tool("build_docs")
+    results = tmp_path / "results"
+    (results / "run" / "task").mkdir(parents=True)
+    (results / "run" / "README.md").write_text("# run\n")
+    (results / "run" / "aggregates.md").write_text("| x |")
+    (results / "run" / "task" / "final_returns.md").write_text("| y |")
+    build.link_snapshot_files(results)
+    text = (results / "run" / "README.md").read_text()
+    assert text.endswith("## Every page of this snapshot\n\n- [aggregates.md](aggregates.md)\n"
+                         "- [task/final_returns.md](task/final_returns.md)\n")
+
+
+def test_the_site_check_names_a_page_no_link_reaches(tmp_path):
+    check = _tool("check_site")
+    site = tmp_path / "site"
+    (site / "results" / "run").mkdir(parents=True)
+    (site / "index.html").write_text('<a href="results/run/">run</a>')
+    (site / "results" / "run" / "index.html").write_text('<a href="../../index.html">home</a>')
+    (site / "results" / "run" / "aggregates.html").write_text("a table")
+    (site / "api").mkdir()
+    (site / "api" / "klppo.html").write_text("the API reference is checked apart")
+    assert check.unreachable(site.resolve()) == [
+        "results/run/aggregates.html: no link from the home page reaches it"]

@@ -120,17 +120,68 @@ def source_docstring(module: str) -> str:
     """``module``'s docstring read from its source, without importing it."""
     import ast
 
+    return ast.get_docstring(ast.parse(_module_path(module).read_text())) or ""
+
+
+def _module_path(module: str) -> Path:
     base = ROOT / module.replace(".", "/")
-    path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
-    return ast.get_docstring(ast.parse(path.read_text())) or ""
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def _plain_doc(doc: str) -> str:
+    """A docstring without reST roles and double backquotes (``:func:`~a.b``` -> ``a.b``)."""
+    import re
+
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")
+
+
+def source_members(module: str, depth: int = 0) -> list[tuple[str, str]]:
+    """``(signature, docstring)`` of each public name of ``module`` (its ``__all__``), read
+    from the source without importing it: functions and classes defined there, or imported
+    there from another klppo module (followed)."""
+    import ast
+
+    tree = ast.parse(_module_path(module).read_text())
+    names: list[str] = []
+    defs: dict[str, ast.AST] = {}
+    origin: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__"
+                                                for t in node.targets):
+            names = [e.value for e in getattr(node.value, "elts", [])
+                     if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defs[node.name] = node
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("klppo"):
+            for a in node.names:
+                origin[a.asname or a.name] = node.module or ""
+    out: list[tuple[str, str]] = []
+    for n in names:
+        node = defs.get(n)
+        if isinstance(node, ast.FunctionDef):
+            out.append((f"{n}({ast.unparse(node.args)})", ast.get_docstring(node) or ""))
+        elif isinstance(node, ast.ClassDef):
+            init = next((b for b in node.body if isinstance(b, ast.FunctionDef)
+                         and b.name == "__init__"), None)
+            args = ast.unparse(init.args).removeprefix("self, ").removeprefix("self") \
+                if init else ", ".join(ast.unparse(b) for b in node.bases)
+            out.append((f"class {n}({args})", ast.get_docstring(node) or ""))
+        elif n in origin and depth < 3:
+            out += [m for m in source_members(origin[n], depth + 1)
+                    if m[0].removeprefix("class ").split("(")[0] == n]
+    return out
 
 
 def stub_page(out: Path, missing: str) -> None:
     """The page of a module left out because its optional extra is not installed here: its
-    docstring (read from the source) and how to get the full page."""
+    docstring and its public functions and classes with their signatures and docstrings, all
+    read from the source, and how to get the full page."""
     import html
 
     name, _, why = missing.partition(" ")
+    members = "".join(
+        f"<h2><code>{html.escape(sig)}</code></h2><pre style='white-space:pre-wrap'>"
+        f"{html.escape(_plain_doc(doc))}</pre>" for sig, doc in source_members(name))
     page = out / Path(*name.split(".")).with_suffix(".html")
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(
@@ -138,9 +189,10 @@ def stub_page(out: Path, missing: str) -> None:
         f"</head><body style='font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem "
         f"auto'><h1><code>{html.escape(name)}</code></h1><p><em>Its optional extra was not "
         f"installed where this reference was built {html.escape(why)}: the page below is the "
-        f"module's docstring; install the extra and run <code>make docs</code> for its "
-        f"members.</em></p><pre style='white-space:pre-wrap'>"
-        f"{html.escape(source_docstring(name))}</pre></body></html>\n")
+        f"module's docstring and its public members, read from the source; install the "
+        f"extra and run <code>make docs</code> for the full page.</em></p>"
+        f"<pre style='white-space:pre-wrap'>{html.escape(_plain_doc(source_docstring(name)))}"
+        f"</pre>{members}</body></html>\n")
 
 
 def first_line(module: str) -> str:

@@ -41,7 +41,24 @@ def assemble(src: Path = SRC, api: bool = True) -> int:
         shutil.rmtree(src)
     shutil.copytree(ROOT / "docs", src)
     (src / "index.md").write_text(home_page((ROOT / "README.md").read_text()))
+    link_snapshot_files(src / "results")
     return _build_api(src / "api") if api else 0
+
+
+def link_snapshot_files(results: Path) -> None:
+    """Append to each snapshot's opening page (:func:`snapshot_pages`, in the assembled copy)
+    a list of links to its other pages (tables, checks, per-task pages), so that every page of
+    the site is reached by a link."""
+    for _, page in snapshot_pages(results):
+        opening = results.parent / page
+        others = sorted(p for p in opening.parent.rglob("*.md") if p != opening)
+        if not others:
+            continue
+        lines = [f"- [{p.relative_to(opening.parent).as_posix()}]"
+                 f"({p.relative_to(opening.parent).as_posix()})" for p in others]
+        text = opening.read_text().rstrip("\n")
+        opening.write_text(text + "\n\n## Every page of this snapshot\n\n" +
+                           "\n".join(lines) + "\n")
 
 
 #: the navigation line after which each results snapshot gets its own entry
@@ -63,8 +80,8 @@ def snapshot_pages(results: Path = ROOT / "docs" / "results") -> list[tuple[str,
 def site_config(src: str, pages: list[tuple[str, str]]) -> str:
     """mkdocs.yml (``src``) with every snapshot in the navigation under Results, paths made
     relative to build/ where the generated file lives, and the snapshots' other pages (tables,
-    equivalence checks, per-task pages, reached from their snapshot's page) left out of the
-    navigation on purpose (``not_in_nav``)."""
+    equivalence checks, per-task pages, linked from their snapshot's page by
+    :func:`link_snapshot_files`) left out of the navigation on purpose (``not_in_nav``)."""
     if RESULTS_ANCHOR not in src:
         raise ValueError(f"mkdocs.yml: no navigation line {RESULTS_ANCHOR.strip()!r}")
     entries = "".join(f"      - {label}: {page}\n" for label, page in pages)

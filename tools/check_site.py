@@ -132,6 +132,26 @@ def unlisted_snapshots(site: Path) -> list[str]:
             if (site / _html(page)).is_file() and _html(page) not in links]
 
 
+def unreachable(site: Path) -> list[str]:
+    """Every page of the site must be reached by links from the home page (following the
+    site's own links, any depth); the API reference and mkdocs' search and 404 pages aside."""
+    seen, todo = set(), [site / "index.html"]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for href in re.findall(r'href="([^"#?]+)', path.read_text(errors="replace")):
+            if "://" in href or href.startswith("mailto:"):
+                continue
+            target = (path.parent / href).resolve()
+            todo.append(target / "index.html" if target.is_dir() else target)
+    pages = [p for p in site.rglob("*.html")
+             if p.name != "404.html" and "api" not in p.relative_to(site).parts[:1]]
+    return [f"{p.relative_to(site)}: no link from the home page reaches it"
+            for p in sorted(pages) if p.resolve() not in seen]
+
+
 def _html(page: str) -> str:
     """The site's file of a docs page (mkdocs makes README.md a folder's index.html)."""
     return (page[:-len("README.md")] + "index.html" if page.endswith("README.md")
@@ -162,7 +182,7 @@ def main(argv: list[str]) -> int:
             page.close()
         browser.close()
     server.shutdown()
-    problems += unlisted_snapshots(site)
+    problems += unlisted_snapshots(site) + unreachable(site)
     for p in problems:
         print(f"check_site: {p}", file=sys.stderr)
     print(f"check_site: {len(pages)} pages, {len(problems)} problems, {outside} links that "
