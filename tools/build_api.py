@@ -157,15 +157,15 @@ def source_members(module: str, depth: int = 0) -> list[tuple[str, str]]:
                 origin[a.asname or a.name] = node.module or ""
     out: list[tuple[str, str]] = []
     for n in names:
-        node = defs.get(n)
-        if isinstance(node, ast.FunctionDef):
-            out.append((f"{n}({ast.unparse(node.args)})", ast.get_docstring(node) or ""))
-        elif isinstance(node, ast.ClassDef):
-            init = next((b for b in node.body if isinstance(b, ast.FunctionDef)
+        found = defs.get(n)
+        if isinstance(found, ast.FunctionDef):
+            out.append((f"{n}({ast.unparse(found.args)})", ast.get_docstring(found) or ""))
+        elif isinstance(found, ast.ClassDef):
+            init = next((b for b in found.body if isinstance(b, ast.FunctionDef)
                          and b.name == "__init__"), None)
             args = ast.unparse(init.args).removeprefix("self, ").removeprefix("self") \
-                if init else ", ".join(ast.unparse(b) for b in node.bases)
-            out.append((f"class {n}({args})", ast.get_docstring(node) or ""))
+                if init else ", ".join(ast.unparse(b) for b in found.bases)
+            out.append((f"class {n}({args})", ast.get_docstring(found) or ""))
         elif n in origin and depth < 3:
             out += [m for m in source_members(origin[n], depth + 1)
                     if m[0].removeprefix("class ").split("(")[0] == n]
@@ -207,7 +207,7 @@ def first_line(module: str) -> str:
     return first.replace("``", "")
 
 
-def write_index(out: Path, public: list[str], missing: list[str] = ()) -> None:
+def write_index(out: Path, public: list[str], missing: list[str] | tuple[()] = ()) -> None:
     """``out/index.html``: the module tree, a package per section, each module with the first
     paragraph of its docstring (pdoc's own index would open on the top package's page, which
     lists ``load`` and links to no module)."""

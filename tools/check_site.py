@@ -168,7 +168,8 @@ def main(argv: list[str]) -> int:
     server, base = serve(site)
     pages = sorted(p for p in site.rglob("*.html") if p.name != "404.html")
     problems: list[str] = []
-    outside, ids = 0, {}
+    outside = 0
+    ids: dict[Path, set[str]] = {}
     with sync_playwright() as pw:
         browser = _browser(pw)
         if browser is None:
