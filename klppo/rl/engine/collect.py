@@ -24,6 +24,7 @@ from klppo.nn._rowops import row_cumsum
 from klppo.nn.numpy import NumpyRunner
 from klppo.nn.numpy.heads import HALF_LOG_2PI, log_softmax
 from klppo.rl.engine.norm import StackedStats, clip
+from klppo.rl.engine.seams import Stack
 from klppo.rl.envpool_backend import EnvPoolGroup, EnvPoolSlice
 from klppo.rl.rollout import Collector, EpisodeStats, NonFiniteEnvError
 from klppo.rl.vecenv import SameStepVecEnv
@@ -31,7 +32,7 @@ from klppo.rl.vecenv import SameStepVecEnv
 __all__ = ["collect_rows", "StackedRollout"]
 
 
-def collect_rows(stack: Any, collectors: dict[int, Collector], iterations: dict[int, int],
+def collect_rows(stack: Stack, collectors: dict[int, Collector], iterations: dict[int, int],
                  work: dict[str, Any]) -> dict[int, EpisodeStats | BaseException]:
     """One rollout of each run (``collectors`` by stack row, each at its iteration); per run its
     episodes, or the error that stopped it (its env's). ``work`` keeps the stack's
@@ -70,7 +71,7 @@ class StackedRollout:
     """The stacked buffers and per-row settings of one stack's lock-step collectors (see the
     module docstring)."""
 
-    def __init__(self, stack: Any, collectors: dict[int, Collector]) -> None:
+    def __init__(self, stack: Stack, collectors: dict[int, Collector]) -> None:
         first = next(iter(collectors.values()))
         self.stack, self.ids = stack, {r: id(c) for r, c in collectors.items()}
         R, self.T, self.N, d = stack.R, first.T, first.N, first.obs_dim
@@ -162,6 +163,7 @@ class StackedRollout:
         if self.box:
             for r, c in live.items():
                 _rng(c).standard_normal(dtype=np.float32, out=draw[r])
+            assert self.stack.layout.log_std is not None  # a Box head's layout has its span
             s, e = self.stack.layout.log_std
             log_std = self.stack.W[:, None, s:e]
             d = out.shape[-1]

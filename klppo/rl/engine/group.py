@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from klppo.nn.numpy import mlp
 from klppo.rl.engine.collect import collect_rows
 from klppo.rl.engine.learn import Rollouts, RunUpdate, policy_kls, update_rows
+from klppo.rl.engine.seams import GroupMember
 from klppo.rl.envpool_backend import EnvPoolGroup
 
 __all__ = ["Group"]
@@ -47,7 +48,7 @@ class _StackWork:
 
 
 @contextmanager
-def _stale_policies(trainers: Any) -> Iterator[None]:
+def _stale_policies(trainers: Iterable[GroupMember]) -> Iterator[None]:
     """Every policy with ``ppo.staleness`` acts with its policy k updates back inside the
     block (:meth:`klppo.rl.unit.PolicyUnit.act_stale`); its current weights are back after
     it, however the block ends."""
@@ -68,7 +69,7 @@ class Group:
     """The members that iterate together (see the module docstring); ``members[i]`` is member
     ``i`` of :meth:`iterate`."""
 
-    def __init__(self, members: list[Any]) -> None:
+    def __init__(self, members: list[GroupMember]) -> None:
         self.members = members
         self.work: dict[int, _StackWork] = defaultdict(_StackWork)
         self.clock: tuple[float, list[int]] | None = None
@@ -79,7 +80,7 @@ class Group:
     def _pool_envpool(self) -> None:
         """The single-agent members on EnvPool share one pool per task (EnvPool seeds each env
         as the run's own pool would: :class:`~klppo.rl.envpool_backend.EnvPoolGroup`)."""
-        by_task: dict[str, list[Any]] = defaultdict(list)
+        by_task: dict[str, list[GroupMember]] = defaultdict(list)
         for tr in self.members:
             if tr.lockstep and tr.cfg.rollout.env_backend == "envpool":
                 by_task[tr.cfg.env].append(tr)

@@ -13,7 +13,6 @@ subset). A plain run is a stack of one: the same loop, ``R = 1``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +21,7 @@ from klppo.core._checks import validation
 from klppo.nn.numpy import mlp
 from klppo.nn.step import StepResult
 from klppo.rl.engine.rows import Minibatch
+from klppo.rl.engine.seams import Stack
 from klppo.rl.update import Batch, Learner, Schedule, UpdateResult
 
 __all__ = ["RunUpdate", "Rollouts", "update_rows", "policy_kls", "update_one"]
@@ -57,7 +57,7 @@ class RunUpdate:
         return int(self.learner.backend.row)
 
     @property
-    def stack(self) -> Any:
+    def stack(self) -> Stack:
         return self.learner.backend.stack
 
     def start_epoch(self) -> None:
@@ -131,7 +131,7 @@ class Rollouts:
                          g["returns"], g["values"], g.get("weight"))
 
 
-def update_rows(stack: Any, updates: list[RunUpdate], rollouts: Rollouts,
+def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
                 ws: mlp.Workspace) -> list[UpdateResult | BaseException]:
     """Every update of one stack's rows (see the module docstring); per row its result, or the
     error that stopped it (a non-finite loss). The rows share epochs, batch and minibatch sizes
@@ -162,7 +162,7 @@ def update_rows(stack: Any, updates: list[RunUpdate], rollouts: Rollouts,
     return out
 
 
-def _step(stack: Any, stepping: list[RunUpdate], rollouts: Rollouts, ws: mlp.Workspace) -> None:
+def _step(stack: Stack, stepping: list[RunUpdate], rollouts: Rollouts, ws: mlp.Workspace) -> None:
     rows = _rows_of(stepping)  # (each one's minibatch rows: u.idx, set by its skips())
     idx = (stepping[0].idx.numpy()[None] if len(stepping) == 1 else
            np.stack([u.idx.numpy() for u in stepping]))
@@ -186,7 +186,7 @@ def _rows_of(stepping: list[RunUpdate]) -> np.ndarray:
     return rows
 
 
-def policy_kls(stack: Any, updates: list[RunUpdate], rollouts: Rollouts,
+def policy_kls(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
                ws: mlp.Workspace) -> list[float]:
     """Each row's rollout KL after its update: analytic KL(rollout policy || updated policy),
     mean over the rollout (nats per sample), from one stacked forward."""

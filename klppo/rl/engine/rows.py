@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ from klppo.core.kl import k3
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.distributions import CategoricalHead
 from klppo.rl.optim import check_adam_state, flat_adam_state
+
+if TYPE_CHECKING:
+    from klppo.rl.engine.seams import Stack
 
 __all__ = ["Layout", "RowSlot", "NetShape", "Minibatch", "TERMS"]
 
@@ -100,7 +103,7 @@ class RowSlot:
     probes read."""
 
     fast: bool = False
-    stack: Any
+    stack: Stack
     row: int
     agent: ActorCritic
     batch: Any
