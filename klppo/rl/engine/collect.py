@@ -24,7 +24,7 @@ from klppo.nn._rowops import row_cumsum
 from klppo.nn.numpy import NumpyRunner
 from klppo.nn.numpy.heads import HALF_LOG_2PI, log_softmax
 from klppo.rl.engine.norm import StackedStats, clip
-from klppo.rl.engine.seams import Stack
+from klppo.rl.engine.rows import Stack
 from klppo.rl.envpool_backend import EnvPoolGroup, EnvPoolSlice
 from klppo.rl.rollout import Collector, EpisodeStats, NonFiniteEnvError
 from klppo.rl.vecenv import SameStepVecEnv

@@ -27,15 +27,49 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from klppo.nn.numpy import mlp
 from klppo.rl.engine.collect import collect_rows
 from klppo.rl.engine.learn import Rollouts, RunUpdate, policy_kls, update_rows
-from klppo.rl.engine.seams import GroupMember
 from klppo.rl.envpool_backend import EnvPoolGroup
 
+if TYPE_CHECKING:
+    from klppo.rl.config import TrainConfig
+
 __all__ = ["Group"]
+
+
+class GroupMember(Protocol):
+    """What a :class:`Group` uses of its members (typed for mypy): a single-agent run
+    (``lockstep``: its rows act with the stack's) or a multi-agent one (not lockstep: it has
+    its own ``collect(iteration)``)."""
+
+    cfg: TrainConfig
+    env: Any
+    collector: Any
+    group: Any
+    group_index: int
+    iteration: int
+    global_step: int
+
+    @property
+    def num_iterations(self) -> int: ...
+
+    @property
+    def lockstep(self) -> bool: ...
+
+    @property
+    def policy_units(self) -> list[Any]: ...
+
+    def start_iteration(self, it: int) -> Any: ...
+
+    def rollouts(self, episodes: Any) -> list[tuple[str, Any, Any]]: ...
+
+    def iteration_metrics(self, it: int, episodes: Any, reports: dict[str, dict[str, Any]],
+                          lr: Any) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 class _StackWork:

@@ -20,8 +20,7 @@ import torch
 from klppo.core._checks import validation
 from klppo.nn.numpy import mlp
 from klppo.nn.step import StepResult
-from klppo.rl.engine.rows import Minibatch
-from klppo.rl.engine.seams import Stack
+from klppo.rl.engine.rows import Minibatch, Stack
 from klppo.rl.update import Batch, Learner, Schedule, UpdateResult
 
 __all__ = ["RunUpdate", "Rollouts", "update_rows", "policy_kls", "update_one"]

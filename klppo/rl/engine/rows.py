@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -24,9 +24,11 @@ from klppo.nn.distributions import CategoricalHead
 from klppo.rl.optim import check_adam_state, flat_adam_state
 
 if TYPE_CHECKING:
-    from klppo.rl.engine.seams import Stack
+    from klppo.core.loss import PPOLoss
+    from klppo.nn.step import StepResult
+    from klppo.rl.config import PPOConfig
 
-__all__ = ["Layout", "RowSlot", "NetShape", "Minibatch", "TERMS"]
+__all__ = ["Layout", "RowSlot", "NetShape", "Minibatch", "TERMS", "Stack", "RowAdam"]
 
 #: the loss terms a step reports (those the loss has)
 TERMS = ("loss", "loss_objective", "loss_critic", "loss_entropy", "kl_penalty")
@@ -195,3 +197,52 @@ class Minibatch:
     returns: Any
     values: Any
     weight: Any = None
+
+
+# ------------------------------------------------------------------ the stack, as its users see it
+class RowAdam(Protocol):
+    """Adam over the rows of a stack, each row its own learning rate and state."""
+
+    def set_lr(self, r: int, lr: float) -> None: ...
+
+    def row_state(self, r: int) -> dict[str, Any]: ...
+
+    def load_row(self, r: int, s: dict[str, Any]) -> None: ...
+
+
+class Stack(Protocol):
+    """R networks of one shape, one row each (:class:`~klppo.rl.engine.numpy_stack.NumpyStack`,
+    :class:`~klppo.rl.engine.torch_stack.TorchStack`): what a row slot, the collector and the
+    learner call, so that mypy follows the hot path. ``fast``: the numpy stack (its rows act
+    through the stack's own forward)."""
+
+    @property
+    def R(self) -> int: ...
+
+    @property
+    def fast(self) -> bool: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def W(self) -> Any: ...
+
+    @property
+    def adam(self) -> RowAdam: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    def maker(self, row: int, ppo: PPOConfig) -> Callable[[ActorCritic, PPOLoss], RowSlot]: ...
+
+    def step(self, rows: np.ndarray, mb: Minibatch, losses: list[PPOLoss], betas: list[float],
+             ws: Any) -> list[StepResult]: ...
+
+    def policy_kl(self, rows: np.ndarray, obs: np.ndarray, old_params: np.ndarray,
+                  ws: Any) -> list[float]: ...
+
+    def log_prob(self, row: int, obs: np.ndarray, actions: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def act(self, obs: np.ndarray) -> tuple[Any, Any]: ...
