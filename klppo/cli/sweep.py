@@ -15,7 +15,6 @@ from klppo.runs.install import install_hint
 from klppo.runs.owned import container_reason
 
 if TYPE_CHECKING:
-    from klppo.experiments.batching import Engine
     from klppo.experiments.sweep import Backend
 
 DESCRIPTION = ("Run every condition of a sweep spec (YAML: preset, base, conditions, grid, "
@@ -49,21 +48,21 @@ def add_parser(sub) -> None:
                    help="allow a sweep of more than 10,000 runs (default: refused)")
     p.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="local: a process pool on this machine (default); ray: one Ray task "
-                        "per group (or per run with --engine process), on the cluster at "
+                        "per group (per run with --group-size 1), on the cluster at "
                         "RAY_ADDRESS or a local Ray instance (needs the ray extra: "
                         f"{install_hint('ray')})")
     p.add_argument("--workers", type=int,
                    help="parallel workers (default: one per core, or per CPU of the Ray "
                         "cluster): local worker processes, or the Ray tasks a batched sweep "
                         "spreads each shape's runs over")
-    p.add_argument("--engine", choices=["process", "batched"], default=None,
-                   help="batched (default): the runs that can share a group (same spaces, "
-                        "network, sizes, step library and device) train together, one group per "
-                        "worker and shape, each run in its own directory with the numbers it "
-                        "has alone; process: each run in a process of its own")
     p.add_argument("--group-size", type=int, default=None, metavar="N",
-                   help="with --engine batched: at most N runs per process (default: a shape's "
-                        "runs spread evenly over the workers)")
+                   help="at most N runs per process (default: a shape's runs spread evenly over "
+                        "the workers; 1: each run in a process of its own). The runs that can "
+                        "share a group (same spaces, network, sizes, step library and device) "
+                        "train together, each in its own directory with the numbers it has "
+                        "alone")
+    p.add_argument("--engine", choices=["process", "batched"], default=None,
+                   help=argparse.SUPPRESS)  # before --group-size: process is --group-size 1
     p.set_defaults(func=cmd_sweep)
 
 
@@ -126,15 +125,16 @@ def spec_from_args(args: argparse.Namespace):
 
 def check_run_flags(workers: int | None, out: str, max_runs: int | None = None,
                     group_size: int | None = None, engine: str | None = None) -> None:
-    """FlagError for a worker count, run limit or group size below 1, a group size without the
-    batched engine, or an --out that is a file or where the sweep's files would land on what
-    a run or study owns."""
+    """FlagError for a worker count, run limit or group size below 1, a group size beside
+    the old ``--engine process``, or an --out that is a file or where the sweep's files would
+    land on what a run or study owns."""
     if workers is not None and workers < 1:
         raise FlagError(f"--workers={workers}: must be >= 1 (parallel runs)")
     if group_size is not None and group_size < 1:
         raise FlagError(f"--group-size={group_size}: must be >= 1 (runs per process)")
     if group_size is not None and engine == "process":
-        raise FlagError(f"--group-size={group_size}: applies to --engine batched only")
+        raise FlagError(f"--group-size={group_size} with --engine process: --engine process "
+                        "is --group-size 1; give only --group-size")
     if max_runs is not None and max_runs < 1:
         raise FlagError(f"--max-runs={max_runs}: must be >= 1")
     owned = container_reason(out, "sweep")
@@ -211,8 +211,8 @@ def _summary(res, out: str) -> int:
 
 
 def run_and_summarise(spec, out: str, backend: Backend, workers: int | None,
-                      max_runs: int | None = None, engine: Engine | None = None,
-                      group_size: int | None = None, table: bool = True) -> int:
+                      max_runs: int | None = None, group_size: int | None = None,
+                      table: bool = True) -> int:
     """Run the sweep ``spec`` into ``out`` with a line per run; :func:`_summary`'s exit code.
     ``table``: end with the final returns of the sweep's finished runs (``klppo report``'s
     table)."""
@@ -228,21 +228,18 @@ def run_and_summarise(spec, out: str, backend: Backend, workers: int | None,
     limit = max_runs or MAX_RUNS
     plans = expand(spec, limit)
     check_envs(plans)  # before the first line: a refused sweep prints only its reason
-    engine = "batched" if engine is None else engine
-    groups, _ = plan_groups(plans, engine, group_size, worker_count(workers))
+    groups, _ = plan_groups(plans, group_size, worker_count(workers))
     n = len(plans)
-    how = f"backend {backend}"
-    if engine == "batched":
-        batched = sum(len(g) for g in groups if len(g) > 1)
-        how += (f", {n} runs in {len(groups)} group(s): {batched} sharing a process, "
-                f"{n - batched} alone")
+    batched = sum(len(g) for g in groups if len(g) > 1)
+    how = (f"backend {backend}, {n} runs in {len(groups)} group(s): {batched} sharing a "
+           f"process, {n - batched} alone")
     print(f"sweep: {n} runs into {out} ({how})", flush=True)
     # the runs of the first groups start together and, grouped, end together: no ETA before
     progress = SweepProgress(n, _already_finished(plans, out),
                              wave=sum(len(g) for g in groups[:worker_count(workers)]))
     try:
         res = run_sweep(spec, out, backend=backend, workers=workers, on_done=progress,
-                        max_runs=limit, engine=engine, group_size=group_size)
+                        max_runs=limit, group_size=group_size)
     finally:
         progress.close()
     code = _summary(res, out)
@@ -265,7 +262,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
         check_run_flags(args.workers, args.out, args.max_runs, args.group_size, args.engine)
+        group_size = 1 if args.engine == "process" else args.group_size
         return run_and_summarise(spec, args.out, args.backend, args.workers, args.max_runs,
-                                 args.engine, args.group_size)
+                                 group_size)
     except REPORTED as e:
         return fail("sweep", e)

@@ -1,48 +1,38 @@
 """Which runs of a sweep share a worker process.
 
 Every run trains in klppo's one engine (:mod:`klppo.rl.engine`), whose unit is a group of runs.
-With ``engine="batched"`` (the default of a local sweep) the runs that can share a group
+The runs of a sweep that can share a group
 (:func:`klppo.rl.engine.group_key`: the spaces their envs make, network, step library and device,
 batch and minibatch sizes, epochs, rollout length, env backend, torch threads) are spread over
 the sweep's workers: each shape's runs in ``min(workers, runs)`` groups of nearly equal size
 (at most ``group_size`` runs each when it is given), in the sweep's seed-by-seed order; each
-group is one worker process (:func:`klppo.rl.train_group`). ``engine="process"`` trains each run
-in a process of its own (a group of one). A device that does not resolve here (cuda without a
-GPU) is refused before anything starts.
+group is one worker process (:func:`klppo.rl.train_group`). ``group_size=1`` trains each run in
+a process of its own (a group of one). A device that does not resolve here (cuda without a GPU)
+is refused before anything starts.
 """
 
 from __future__ import annotations
-
-from typing import Literal
 
 from klppo.experiments.sweep_spec import RunPlan
 from klppo.rl import config as C
 from klppo.rl.engine.groups import device_refusal, group_key
 
-__all__ = ["Engine", "ENGINES", "plan_groups"]
-
-Engine = Literal["process", "batched"]
-ENGINES = ("process", "batched")
+__all__ = ["plan_groups"]
 
 
-def _check(engine: str, group_size: int | None, workers: int | None) -> None:
-    if engine not in ENGINES:
-        raise C.ConfigError(f"engine={engine!r}: must be one of {list(ENGINES)}")
+def _check(group_size: int | None, workers: int | None) -> None:
     for name, value in (("group_size", group_size), ("workers", workers)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1):
             raise C.ConfigError(f"{name}={value!r}: must be an integer >= 1")
 
 
-def plan_groups(plans: list[RunPlan], engine: str, group_size: int | None = None,
+def plan_groups(plans: list[RunPlan], group_size: int | None = None,
                 workers: int | None = None) -> tuple[list[list[str]], list[str]]:
     """The groups (run names, in ``plans``' order; see the module docstring) and notes to log
-    (none: every run can be grouped); ``([], [])`` for the process engine. ConfigError (one line,
-    nothing started) for a bad ``engine`` / ``group_size`` / ``workers`` or a device that does
-    not resolve here."""
-    _check(engine, group_size, workers)
-    if engine == "process":
-        return [], []
+    (none: every run can be grouped). ConfigError (one line, nothing started) for a bad
+    ``group_size`` / ``workers`` or a device that does not resolve here."""
+    _check(group_size, workers)
     keyed: dict[tuple, list[str]] = {}
     for plan in plans:
         why = device_refusal(plan.config)

@@ -2,7 +2,7 @@
 
 Each run is ``python -m klppo.experiments.worker RUN_DIR`` in its own session (so a Ctrl-C at the
 terminal reaches only the sweep, which decides what the workers get), with its output appended
-to ``RUN_DIR/worker.log``. A group of runs (``--engine batched``, the default) is one worker for
+to ``RUN_DIR/worker.log``. A group of runs (the default; ``--group-size`` caps it) is one worker for
 several run directories (``python -m klppo.experiments.worker --batched RUN_DIR...``, one group of
 the engine, :mod:`klppo.rl.engine`), its output in the first run's ``worker.log`` (each other
 run's says where); how each of its runs ended is read from that run's own status. The worker
@@ -75,7 +75,7 @@ def start_group(run_dirs: Sequence[str | Path]) -> Job:
     dirs = [Path(d) for d in run_dirs]
     for d in dirs[1:]:
         with open(d / LOG, "a") as f:
-            f.write(f"trained in one process of {len(dirs)} runs (--engine batched); its "
+            f.write(f"trained in one process of {len(dirs)} runs (a group); its "
                     f"log: {dirs[0] / LOG}\n")
     return Job(dirs[0], *_launch(["--batched", *map(str, dirs)], dirs[0]), members=dirs)
 

@@ -2,7 +2,7 @@
 
 Used by sweeps (:mod:`klppo.experiments.sweep`) and by the RLHF comparison
 (:mod:`klppo.experiments.rlhf_compare`): each run directory is one worker process
-(:mod:`klppo.experiments.launch`), or each group of them for the batched engine, all started
+(:mod:`klppo.experiments.launch`), or each group of them (one engine group), all started
 and watched from the calling thread.
 """
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from klppo.experiments.batching import Engine, plan_groups
+from klppo.experiments.batching import plan_groups
 from klppo.experiments.launch import run_group, run_one
 from klppo.experiments.pool import Done, SweepStop, run_local, signals_to, units
 from klppo.experiments.sweep_spec import (
@@ -204,14 +204,13 @@ def run_sweep(
     on_done: Callable[[RunEntry], None] | None = None,
     stop: SweepStop | None = None,
     max_runs: int = MAX_RUNS,
-    engine: Engine | None = None,
     group_size: int | None = None,
 ) -> SweepResult:
     """Run every run of ``spec`` under ``sweep_dir``; idempotent, crash-isolated, stoppable.
 
-    ``engine``: ``batched`` (the default) trains the runs that can share a group together, one
-    group per worker and shape (:mod:`klppo.experiments.batching`: at most ``group_size`` runs
-    each when given); ``process`` trains each run in a worker process of its own.
+    The runs that can share a group train together, one group per worker and shape
+    (:mod:`klppo.experiments.batching`: at most ``group_size`` runs each when given;
+    ``group_size=1``: each run in a worker process of its own).
 
     Everything is checked before ``sweep_dir`` is created (:class:`~klppo.rl.config.ConfigError`;
     more than ``max_runs`` runs is refused);
@@ -223,11 +222,10 @@ def run_sweep(
     order = sorted(planned, key=lambda p: spec.seeds.index(p.seed))
     if backend not in ("local", "ray"):
         raise C.ConfigError(f"backend={backend!r}: must be 'local' or 'ray'")
-    engine = "batched" if engine is None else engine
     worker_count(workers)  # checked before Ray starts
     runner = run_local if backend == "local" else _ray_runner()
     workers = worker_count(workers if backend == "local" else workers or _ray_cpus())
-    groups, notes = plan_groups(order, engine, group_size, workers)
+    groups, notes = plan_groups(order, group_size, workers)
     for note in notes:
         log.warning("%s", note)
     lock = _open_sweep_dir(sweep_dir, spec)

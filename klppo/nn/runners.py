@@ -39,7 +39,7 @@ class TorchRunner:
     def sample(self, params: torch.Tensor, value: torch.Tensor
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`act` from distribution parameters ``[N, param_dim]`` and values ``[N]``
-        computed elsewhere (the batched engine's one forward for many runs): actions drawn from
+        computed elsewhere (a stack's one forward for a group of runs): actions drawn from
         this runner's generator."""
         action = self.head.sample(params, self.gen)
         logp = self.head.log_prob(params, action)

@@ -88,7 +88,7 @@ class PolicyUnit:
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         return {
-            # copies: a parameter may view a larger buffer (the batched engine's torch stack),
+            # copies: a parameter may view a larger buffer (the engine's torch stack),
             # and torch.save writes a view's whole storage
             "agent": {k: v.clone() for k, v in self.agent.state_dict().items()},
             "optimizer": self.learner.backend.state_dict(),

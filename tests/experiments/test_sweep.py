@@ -109,11 +109,12 @@ def spec_file(tmp_path, s):
     return path
 
 
-def start_sweep(spec_path, out, workers=2, engine="process"):
+def start_sweep(spec_path, out, workers=2, group_size=1):
     """A sweep in a subprocess; by default a process per run (these tests follow the workers
-    one by one; tests/experiments/test_sweep_batched.py stops a batched one)."""
+    one by one; tests/experiments/test_sweep_batched.py stops a grouped one)."""
     return subprocess.Popen([sys.executable, "-m", "klppo", "sweep", "--spec", str(spec_path),
-                             "--out", str(out), "--workers", str(workers), "--engine", engine],
+                             "--out", str(out), "--workers", str(workers), "--group-size",
+                             str(group_size)],
                             cwd=ROOT,
                             start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -325,7 +326,7 @@ def test_ray_backend_stops_on_request_and_the_runs_resume(tmp_path):
     threading.Thread(target=stop_when_both_run, daemon=True).start()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # 2 run, 2 wait
     try:
-        res = run_sweep(s, tmp_path / "ray", backend="ray", stop=stop, engine="process")
+        res = run_sweep(s, tmp_path / "ray", backend="ray", stop=stop, group_size=1)
     finally:
         ray.shutdown()
     states = [e.state for e in res.entries]
@@ -359,9 +360,10 @@ def test_runs_launch_seed_by_seed(tmp_path, monkeypatch):
     monkeypatch.setattr(S, "run_local", run_local)
     s = spec(conditions={"a": {"objective": "clip"}, "b": {"objective": "kl_penalty"}},
              seeds=[3, 0, 1])
-    for engine in ("process", "batched"):
+    for size in (1, None):  # a process per run; the default grouping
         launched.clear()
-        run_sweep(s, tmp_path / engine, workers=1, engine=engine)
+        grouped.clear()
+        run_sweep(s, tmp_path / str(size), workers=1, group_size=size)
         assert [n.rsplit("__", 1)[1] for n in launched] == ["3", "3", "0", "0", "1", "1"]
         assert {n.split("__")[1] for n in launched[:2]} == {"a", "b"}
     (group,) = grouped  # one worker, one shape: one group, in the same order

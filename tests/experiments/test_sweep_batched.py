@@ -1,6 +1,6 @@
-"""``klppo sweep`` groups its runs (``--engine batched``, the default): groups by what shapes the
-computation, spread over the workers; stopping and resuming; the report; the refusals (issues #22,
-#29)."""
+"""``klppo sweep`` groups its runs (``--group-size 1``: a process per run): groups by what shapes
+the computation, spread over the workers; stopping and resuming; the report; the refusals
+(issues #22, #29)."""
 
 import dataclasses
 import json
@@ -46,26 +46,24 @@ def test_plan_groups_splits_by_shape_over_the_workers_and_by_size():
         **MIXED.conditions, "big": {"objective": "clip", "rollout": {"num_envs": 8}}})
     plans = expand(spec)
     names = lambda *conds: sorted(p.name for p in plans if p.condition in conds)  # noqa: E731
-    groups, notes = plan_groups(plans, "batched")
+    groups, notes = plan_groups(plans)
     assert notes == []  # nothing is refused: a shared trunk is a torch stack's row
     assert sorted(map(sorted, groups)) == sorted([names("big"), names("clip", "kl"),
                                                   names("trunk")])
-    two = plan_groups(plans, "batched", workers=2)[0]  # each shape over both workers
+    two = plan_groups(plans, workers=2)[0]  # each shape over both workers
     assert sorted(len(g) for g in two) == [1, 1, 1, 1, 2, 2]
-    assert [len(g) for g in plan_groups(plans, "batched", group_size=3)[0]] == [3, 1, 2, 2]
-    assert plan_groups(plans, "process") == ([], [])
+    assert [len(g) for g in plan_groups(plans, group_size=3)[0]] == [3, 1, 2, 2]
+    assert plan_groups(plans, group_size=1)[0] == [[p.name] for p in plans]  # a process each
     cuda = dataclasses.replace(MIXED, base={**BASE, "device": "cuda"})
     torch_on_cuda = dataclasses.replace(cuda, conditions={"t": {"fast_path": False}})
     if not torch.cuda.is_available():  # a device that does not resolve: refused, one line
         for spec in (cuda, torch_on_cuda):
             with pytest.raises(C.ConfigError, match="device='cuda'"):
-                plan_groups(expand(spec), "batched")
+                plan_groups(expand(spec))
     torch_on_cpu = dataclasses.replace(MIXED, conditions={"t": {"fast_path": False}})
-    assert len(plan_groups(expand(torch_on_cpu), "batched")[0]) == 1  # the torch stack's
-    with pytest.raises(C.ConfigError, match="engine='threads'"):
-        plan_groups(plans, "threads")
+    assert len(plan_groups(expand(torch_on_cpu))[0]) == 1  # the torch stack's
     with pytest.raises(C.ConfigError, match="group_size=0"):
-        plan_groups(plans, "batched", 0)
+        plan_groups(plans, 0)
 
 
 def test_grouping_is_by_the_spaces_the_env_makes_not_its_id():
@@ -75,7 +73,7 @@ def test_grouping_is_by_the_spaces_the_env_makes_not_its_id():
     spec = SweepSpec(preset="klip/lunarlander", base={**BASE, "total_steps": 16384}, seeds=[0],
                      conditions={"discrete": {}, "continuous": {"env_kwargs": {"continuous": True}},
                                  "windy": {"env_kwargs": {"enable_wind": True}}})
-    groups = plan_groups(expand(spec), "batched")[0]
+    groups = plan_groups(expand(spec))[0]
     assert sorted(map(sorted, groups)) == [["LunarLander-v3__continuous__0"],
                                            sorted(["LunarLander-v3__discrete__0",
                                                    "LunarLander-v3__windy__0"])]
@@ -100,7 +98,7 @@ def test_a_sweep_trains_its_groups_and_reports(tmp_path, capsys, caplog):
 
 def start_sweep(spec_path, out):
     return subprocess.Popen([sys.executable, "-m", "klppo", "sweep", "--spec", str(spec_path),
-                             "--out", str(out), "--engine", "batched", "--workers", "1"],
+                             "--out", str(out), "--workers", "1"],
                             cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -124,7 +122,7 @@ def test_a_stopped_batched_sweep_resumes_to_the_numbers_of_its_runs_alone(tmp_pa
         run = out / "runs" / f"CartPole-v1__clip__{seed}"
         assert json.loads((run / "status.json").read_text())["state"] == "interrupted"
         assert len((run / "metrics.jsonl").read_text().splitlines()) < 8
-    res = run_sweep(spec, out, engine="batched")
+    res = run_sweep(spec, out)
     assert [e.state for e in res.entries] == ["finished"] * 2
     for plan in expand(spec):  # the numbers of the run alone
         alone = rl.train(dataclasses.replace(plan.config, out=str(tmp_path / plan.name)))
@@ -133,12 +131,13 @@ def test_a_stopped_batched_sweep_resumes_to_the_numbers_of_its_runs_alone(tmp_pa
 
 def test_flags_are_checked_before_anything_starts(tmp_path, capsys):
     out = tmp_path / "sw"
+    # the old --engine process is --group-size 1: both at once are refused
     assert main(["sweep", "--out", str(out), "--engine", "process", "--group-size", "2"]) == 2
-    assert "--group-size=2: applies to --engine batched only" in capsys.readouterr().err
-    assert main(["sweep", "--out", str(out), "--engine", "batched", "--group-size", "0"]) == 2
+    assert "--engine process is --group-size 1; give only --group-size" in \
+        capsys.readouterr().err
+    assert main(["sweep", "--out", str(out), "--group-size", "0"]) == 2
     if not torch.cuda.is_available():  # a device that does not resolve here
-        assert main(["sweep", "--out", str(out), "--engine", "batched", "--set",
-                     "device=cuda"]) == 2
+        assert main(["sweep", "--out", str(out), "--set", "device=cuda"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 2 and "device='cuda'" in err[-1]
     assert not out.exists()
@@ -151,7 +150,7 @@ def test_ray_backend_runs_a_batched_group_as_one_task(tmp_path):
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)  # workers: the cluster's
     try:
-        res = run_sweep(spec, tmp_path / "sw", backend="ray", engine="batched")
+        res = run_sweep(spec, tmp_path / "sw", backend="ray")
     finally:
         ray.shutdown()
     assert [e.state for e in res.entries] == ["finished"] * 2

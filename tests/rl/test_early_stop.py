@@ -15,8 +15,8 @@ from klppo.core.controllers import make_controller
 from klppo.nn.step import StepResult
 from klppo.rl.config import PPOConfig, RolloutConfig, TrainConfig
 from klppo.rl.config_checks import validate
-from klppo.rl.engine.learn import update_one
 from klppo.rl.update import Batch, Learner, make_loss
+from tests.rl.update_helpers import update_one
 
 B, MB, EPOCHS, TARGET = 8, 2, 5, 0.01
 PER_EPOCH = B // MB

@@ -10,11 +10,11 @@ import torch
 
 from klppo import rl
 from klppo.core.controllers import make_controller
-from klppo.rl.engine.learn import update_one
 from klppo.rl.engine.numpy_stack import NumpyStack
 from klppo.rl.engine.torch_stack import TorchStack
 from klppo.rl.trainer import _Trainer
 from klppo.rl.update import Learner, make_loss
+from tests.rl.update_helpers import update_one
 
 NumpyStep, TorchStep = "numpy", "torch"
 

@@ -57,7 +57,7 @@ class NumpyRunner:
     def sample(self, out: np.ndarray, value: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`act` from the actor's output ``out [N, k or d]`` and ``value [N]`` computed
-        elsewhere (the batched engine's one forward for many runs): actions drawn from this
+        elsewhere (a stack's one forward for a group of runs): actions drawn from this
         runner's generator."""
         action, logp, params = self.head.act(out, self.rng)
         return action, logp, params, value

@@ -37,7 +37,7 @@ def mlp_supported(seq: nn.Module) -> typing.TypeGuard[nn.Sequential]:
 class FlatWeights:
     """``flat``: float32 ``[P]`` holding every parameter of a module (``module.parameters()``
     order); ``spans[i] = (start, end)`` is parameter i's slice. Made by :func:`flat_weights`;
-    ``buffer`` (a contiguous float32 ``[P]``, e.g. one row of the batched engine's stack of
+    ``buffer`` (a contiguous float32 ``[P]``, e.g. one row of the engine's stack of
     networks) is used instead of a new array when given."""
 
     def __init__(self, module: nn.Module, buffer: np.ndarray | None = None) -> None:

@@ -23,7 +23,7 @@ from klppo.nn.step import StepResult
 from klppo.rl.engine.rows import Minibatch, Stack
 from klppo.rl.update import Batch, Learner, Schedule, UpdateResult
 
-__all__ = ["RunUpdate", "Rollouts", "update_rows", "policy_kls", "update_one"]
+__all__ = ["RunUpdate", "Rollouts", "update_rows", "policy_kls"]
 
 
 @dataclass
@@ -194,17 +194,3 @@ def policy_kls(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
     if len(rows) != stack.R:
         obs, params = obs[rows], params[rows]
     return stack.policy_kl(rows, obs, params, ws)
-
-
-def update_one(learner: Learner, batch: Batch) -> tuple[UpdateResult, float]:
-    """One policy's update of ``batch`` through :func:`update_rows` (its stack's other rows
-    idle), and its rollout KL after it, the iteration-cadence controller updated from it: what
-    an iteration of a one-policy run computes after its rollout."""
-    u = RunUpdate(learner, batch)
-    ro, ws = Rollouts(), mlp.Workspace()
-    res = update_rows(u.stack, [u], ro, ws)[0]
-    if isinstance(res, BaseException):
-        raise res
-    kl = policy_kls(u.stack, [u], ro, ws)[0]
-    u.sched.after_iteration(kl, len(batch))
-    return res, kl

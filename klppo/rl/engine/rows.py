@@ -28,27 +28,12 @@ if TYPE_CHECKING:
     from klppo.nn.step import StepResult
     from klppo.rl.config import PPOConfig
 
-__all__ = ["Layout", "RowSlot", "NetShape", "Minibatch", "TERMS", "Stack", "RowAdam"]
+__all__ = ["Layout", "RowSlot", "Minibatch", "TERMS", "Stack", "RowAdam"]
 
 #: the loss terms a step reports (those the loss has)
 TERMS = ("loss", "loss_objective", "loss_critic", "loss_entropy", "kl_penalty")
 
 Span = tuple[int, int]
-
-
-@dataclass(frozen=True)
-class NetShape:
-    """What makes two policies' networks stackable: the same parameter shapes, step library
-    and device (:func:`klppo.rl.engine.groups.net_shape` computes it from a config and the
-    spaces an env made)."""
-
-    obs_dim: int
-    head: tuple[str, int]
-    hidden: tuple[int, ...]
-    shared_trunk: bool
-    separate_losses: bool
-    library: str
-    device: str
 
 
 class Layout:
