@@ -94,6 +94,17 @@ class Rollouts:
 
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
+        self._rows: dict[tuple[int, ...], np.ndarray] = {}
+
+    def rows_of(self, stepping: list[RunUpdate]) -> np.ndarray:
+        """The stack rows of ``stepping`` as a read-only array, kept with the stack's rollouts
+        (the same sets of rows step again and again)."""
+        key = tuple(u.row for u in stepping)
+        rows = self._rows.get(key)
+        if rows is None:
+            rows = self._rows[key] = np.array(key)
+            rows.flags.writeable = False
+        return rows
 
     def fill(self, R: int, updates: list[RunUpdate]) -> None:
         weighted = any(u.batch.weight is not None for u in updates)
@@ -162,7 +173,7 @@ def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
 
 
 def _step(stack: Stack, stepping: list[RunUpdate], rollouts: Rollouts, ws: mlp.Workspace) -> None:
-    rows = _rows_of(stepping)  # (each one's minibatch rows: u.idx, set by its skips())
+    rows = rollouts.rows_of(stepping)  # (each one's minibatch rows: u.idx, set by skips())
     idx = (stepping[0].idx.numpy()[None] if len(stepping) == 1 else
            np.stack([u.idx.numpy() for u in stepping]))
     results = stack.step(rows, rollouts.minibatch(rows, idx), [u.learner.loss for u in stepping],
@@ -170,19 +181,6 @@ def _step(stack: Stack, stepping: list[RunUpdate], rollouts: Rollouts, ws: mlp.W
     for u, r in zip(stepping, results):
         u.steps.append(r)
         u.sched.after_step(r, len(r.idx))
-
-
-_ROWS: dict[tuple[int, ...], np.ndarray] = {}
-
-
-def _rows_of(stepping: list[RunUpdate]) -> np.ndarray:
-    """The stack rows of ``stepping`` as an array (kept: the same sets step again and again)."""
-    key = tuple(u.row for u in stepping)
-    rows = _ROWS.get(key)
-    if rows is None:
-        rows = _ROWS[key] = np.array(key)
-        rows.flags.writeable = False
-    return rows
 
 
 def policy_kls(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
