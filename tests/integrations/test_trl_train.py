@@ -145,13 +145,14 @@ def test_resume_from_checkpoint_continues_the_same_betas(run, lm_dir):
 
 
 @pytest.mark.parametrize("options, limit", [
-    ({}, 3),  # by name: held for at most a quarter of the run's 12 updates
+    ({}, None),  # by name: held until the KL reaches the target, however long
     ({"hold_limit": 5}, 5), ({"hold": False}, None)])
-def test_a_controller_built_by_name_is_held_for_a_quarter_of_the_run_at_most(
+def test_a_controller_built_by_name_is_held_and_a_hold_limit_passes_through(
         lm_dir, tmp_path, options, limit):
     trainer = make_trainer("grpo", lm_dir, tmp_path, max_steps=12)
     cb = attach(trainer, "proportional", unit="per_token_mean", target=0.5, beta_min=1e-3,
                 **options)
     trainer.state.max_steps = 12  # what the trainer sets before it calls on_train_begin
     cb.on_train_begin(trainer.args, trainer.state, None)
-    assert cb.controller.hold_limit == limit and cb.controller.hold is (limit is not None)
+    assert cb.controller.hold_limit == limit
+    assert cb.controller.hold is (options.get("hold", True))

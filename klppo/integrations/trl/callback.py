@@ -59,12 +59,10 @@ class KLControlCallback(TrainerCallback):
     """
 
     def __init__(self, trainer: Any, controller: KLController, unit: str,
-                 spec: TrainerKL, tap: KLTap | None = None, auto_horizon: bool = False,
-                 auto_hold_limit: bool = False) -> None:
+                 spec: TrainerKL, tap: KLTap | None = None, auto_horizon: bool = False) -> None:
         self.trainer, self.controller, self.unit, self.spec = trainer, controller, unit, spec
         self.tap = tap
         self.auto_horizon = auto_horizon
-        self.auto_hold_limit = auto_hold_limit
         self._at_bound: str | None = None
         self.penalised_unit = penalised_unit(spec, trainer.args)
         self.history: list[dict[str, Any]] = []
@@ -75,8 +73,6 @@ class KLControlCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.auto_horizon:
             self._derive_horizon(args, state)
-        if self.auto_hold_limit:
-            self.controller.hold_limit = max(1, self._updates(args, state) // 4)
         if state.global_step > 0:
             self._restore(Path(args.output_dir) / f"checkpoint-{state.global_step}",
                           state.global_step)
@@ -223,9 +219,9 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
         controller: a :class:`~klppo.core.controllers.KLController`, or a controller name for
             :func:`~klppo.core.controllers.make_controller` with ``options`` (``beta`` defaults
             to the trainer's). Its target is in ``unit``, nats of KL(policy || reference). A
-            controller built by name holds beta until the KL first reaches the target or a
-            quarter of the run's updates has passed (``hold=True``, ``hold_limit="auto"``; pass
-            ``hold=False`` to feed it the ramp from 0, or an integer ``hold_limit``), and
+            controller built by name holds beta until the KL first reaches the target
+            (``hold=True``; pass ``hold=False`` to feed it the ramp from 0, or ``hold_limit=N``
+            to release it after N updates whatever the KL), and
             ``proportional`` without a ``horizon`` (or ``horizon="auto"``) gets one derived from
             the run when training starts: beta can move by a factor of 20 within a quarter of
             the run's updates (:func:`~klppo.core.controllers.run_horizon`).
@@ -255,17 +251,13 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
         _check_grpo_gradient(trainer.args)
     auto = isinstance(controller, str) and controller == "proportional" and \
         options.get("horizon", "auto") == "auto"
-    auto_limit = isinstance(controller, str) and controller != "fixed" and \
-        options.get("target") is not None and options.get("hold", True) is True and \
-        options.get("hold_limit", "auto") == "auto"
     if isinstance(controller, str):
         options = _string_defaults(controller, options)
     ctrl = _controller(trainer, spec, controller, options)
     if any(isinstance(c, KLControlCallback) for c in trainer.callback_handler.callbacks):
         raise TRLIntegrationError(f"{spec.class_name}: a klppo controller is already attached")
     tap = KLTap(trainer) if spec.name == "grpo" else None
-    cb = KLControlCallback(trainer, ctrl, unit, spec, tap, auto_horizon=auto,
-                           auto_hold_limit=auto_limit)
+    cb = KLControlCallback(trainer, ctrl, unit, spec, tap, auto_horizon=auto)
     callbacks = trainer.callback_handler.callbacks
     first = next((i + 1 for i, c in enumerate(callbacks)
                   if type(c).__name__ == "DefaultFlowCallback"), 0)
@@ -285,15 +277,12 @@ def _saved_step(saved: dict[str, Any], path: Path, step: int) -> int:
 
 def _string_defaults(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """A controller built by name holds beta until the KL first reaches its target
-    (``hold``; the KL to the reference starts at 0) or a quarter of the run has passed
-    (``hold_limit="auto"``, set when training starts); ``proportional`` without a horizon, or
+    (``hold``; the KL to the reference starts at 0); ``proportional`` without a horizon, or
     with ``horizon="auto"``, gets one derived from the run's length and batch when training
     starts (:func:`~klppo.core.controllers.run_horizon`; 10000 until then)."""
     out = dict(options)
     if name != "fixed" and out.get("target") is not None:
         out.setdefault("hold", True)
-        if out.get("hold_limit") == "auto":
-            out["hold_limit"] = None  # set from the run's length when training starts
     if name == "proportional" and out.get("horizon", "auto") == "auto":
         out["horizon"] = 10000.0
     return out
