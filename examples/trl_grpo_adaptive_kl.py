@@ -44,6 +44,9 @@ class Setting:
     unit: str = "per_token_mean"
     controller: str = "proportional"
     horizon: float | None = None  # None: derived from the run (klppo.core.controllers.run_horizon)
+    kp: float | None = None  # the pid rule's gains (None: its defaults), beta per nat of KL
+    ki: float | None = None
+    kd: float | None = None
     lora: bool = False  # train LoRA adapters (peft) instead of every parameter
     eval_every: int = 20
     eval_windows: int = 64
@@ -199,7 +202,10 @@ def run_arm(name: str, seed: int, beta: float, controller: str, base: Path, out:
     else:
         horizon = {"horizon": "auto" if s.horizon is None else s.horizon} \
             if controller == "proportional" else {}
-        attach(trainer, controller, unit=s.unit, target=s.target, beta_min=1e-4, **horizon)
+        gains = {k: v for k, v in (("kp", s.kp), ("ki", s.ki), ("kd", s.kd)) if v is not None} \
+            if controller == "pid" else {}
+        attach(trainer, controller, unit=s.unit, target=s.target, beta_min=1e-4, **horizon,
+               **gains)
     trainer.remove_callback(PrinterCallback)  # quiet: the summary table comes at the end
     trainer.add_callback(recorder(run_dir, trainer, reward, held_ids, s))
     config = {"kind": "trl_grpo", "arm": name, "seed": seed, "model": str(base),
