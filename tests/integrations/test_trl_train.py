@@ -156,3 +156,14 @@ def test_a_controller_built_by_name_is_held_and_a_hold_limit_passes_through(
     cb.on_train_begin(trainer.args, trainer.state, None)
     assert cb.controller.hold_limit == limit
     assert cb.controller.hold is (options.get("hold", True))
+
+
+def test_the_pid_rule_built_by_name_is_not_held(lm_dir, tmp_path):
+    """Its integral's floor at 0 does a hold's work for a weak start; a hold would keep a
+    strong start (a KL that never reaches the target) at its beta for ever."""
+    trainer = make_trainer("grpo", lm_dir, tmp_path, max_steps=12)
+    cb = attach(trainer, "pid", unit="per_token_mean", target=0.5, kp=2.0, ki=0.3,
+                beta_min=1e-4)
+    assert cb.controller.hold is False
+    cb.controller.update(0.0)  # far below the target: beta falls from the first update
+    assert cb.controller.value < trainer.args.beta

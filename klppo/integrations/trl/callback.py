@@ -219,8 +219,8 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
         controller: a :class:`~klppo.core.controllers.KLController`, or a controller name for
             :func:`~klppo.core.controllers.make_controller` with ``options`` (``beta`` defaults
             to the trainer's). Its target is in ``unit``, nats of KL(policy || reference). A
-            controller built by name holds beta until the KL first reaches the target
-            (``hold=True``; pass ``hold=False`` to feed it the ramp from 0, or ``hold_limit=N``
+            controller built by name but ``pid`` holds beta until the KL first reaches the
+            target (``hold=True``; pass ``hold=False`` to feed it the ramp from 0, or ``hold_limit=N``
             to release it after N updates whatever the KL), and
             ``proportional`` without a ``horizon`` (or ``horizon="auto"``) gets one derived from
             the run when training starts: beta can move by a factor of 20 within a quarter of
@@ -277,11 +277,13 @@ def _saved_step(saved: dict[str, Any], path: Path, step: int) -> int:
 
 def _string_defaults(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """A controller built by name holds beta until the KL first reaches its target
-    (``hold``; the KL to the reference starts at 0); ``proportional`` without a horizon, or
+    (``hold``; the KL to the reference starts at 0), except ``pid``, whose integral cannot go
+    below 0 (its anti-windup does what the hold does for a weak start, and a hold would keep a
+    strong start forever); ``proportional`` without a horizon, or
     with ``horizon="auto"``, gets one derived from the run's length and batch when training
     starts (:func:`~klppo.core.controllers.run_horizon`; 10000 until then)."""
     out = dict(options)
-    if name != "fixed" and out.get("target") is not None:
+    if name not in ("fixed", "pid") and out.get("target") is not None:
         out.setdefault("hold", True)
     if name == "proportional" and out.get("horizon", "auto") == "auto":
         out["horizon"] = 10000.0
