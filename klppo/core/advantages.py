@@ -71,7 +71,13 @@ def gae(
 def normalize_advantage(advantage: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """``(A - mean) / (std + eps)`` over all entries, with the sample std (torch's default, as
     in CleanRL and SB3). A single sample is returned centred (0). Takes a torch tensor or a
-    numpy array (the numpy fast path) and returns the same kind."""
+    numpy array (the numpy fast path) and returns the same kind; a 2-D numpy array ``[A, n]``
+    is normalised row by row (the rows of a stack)."""
+    if isinstance(advantage, np.ndarray) and advantage.ndim == 2:  # [A, n]: each row its own
+        m = advantage.mean(-1, keepdims=True)
+        if advantage.shape[-1] < 2:
+            return advantage - m
+        return (advantage - m) / (advantage.std(-1, ddof=1, keepdims=True) + np.float32(eps))
     if isinstance(advantage, np.ndarray):
         if advantage.size < 2:
             return advantage - advantage.mean()

@@ -255,6 +255,17 @@ class Objective:
     def has_closed_form(self) -> bool:
         return type(self).closed_form is not Objective.closed_form
 
+    def rowwise_key(self) -> tuple[Any, ...] | None:
+        """What this objective's numpy closed form depends on besides ``beta``, when that form
+        is elementwise numpy (each sample's numbers from its own inputs alone): rows of a stack
+        whose keys are equal compute it as one ``[A, n]`` call with a per-row ``beta``. None
+        (the default) when it is not, or uses torch: such rows compute it one at a time."""
+        return None
+
+    def _band_key(self) -> tuple[Any, ...] | None:
+        b = self.band
+        return (b.lo, b.hi, b.dual_clip) if b.is_scalar else None
+
     def _shape_beta_np(self, w, a, wa, shape: ShapeSpec) -> np.ndarray:
         if shape.name == "clip" and self.band.is_scalar:
             return _clip_beta_np(w, a, wa, self.band)
@@ -274,7 +285,7 @@ class Objective:
         b = np.float32(beta)
         if self.kl_estimator == "analytic":
             pen = kl
-            form.d_kl = np.full(kl.shape[0], -b, np.float32)
+            form.d_kl = np.full(kl.shape, -b, np.float32)
         else:
             pen = ESTIMATORS[self.kl_estimator](log_w)
             form.d_logp = form.d_logp - b * ESTIMATOR_GRADS[self.kl_estimator](log_w)

@@ -72,6 +72,10 @@ class Clip(Objective):
         bt = self._shape_beta_np(w, a, wa, _CLIP)
         return ClosedForm(self._clip_value_np(w, a, wa), wa + bt, None, None, bt)
 
+    def rowwise_key(self):
+        band = self._band_key()
+        return None if band is None else (self.name, band)
+
 
 class PerSampleKL(Objective):
     """The KLip-PPO template ``w A + beta_t logp_new``, beta_t of any shape, detached."""
@@ -90,6 +94,10 @@ class PerSampleKL(Objective):
         bt = self._shape_beta_np(w, a, wa, self.shape)
         return ClosedForm(wa + bt * logp, wa + bt, None, None, bt)
 
+    def rowwise_key(self):
+        band = self._band_key()  # the other shapes run the core's torch definitions
+        return None if band is None or self.shape.name != "clip" else (self.name, band)
+
 
 class KLPenalty(Objective):
     """PPO-KL, ``w A - beta KL`` with a controller's scalar beta."""
@@ -105,6 +113,9 @@ class KLPenalty(Objective):
     def closed_form(self, w, a, wa, logp, log_w, kl, beta, logp_old=None):
         return self._penalise_np(ClosedForm(wa.copy(), wa.copy(), None, None), log_w, kl, beta)
 
+    def rowwise_key(self):
+        return (self.name, self.kl_estimator)
+
 
 class Unclipped(Objective):
     """Plain importance sampling ``w A`` (no trust region)."""
@@ -117,6 +128,9 @@ class Unclipped(Objective):
 
     def closed_form(self, w, a, wa, logp, log_w, kl, beta, logp_old=None):
         return ClosedForm(wa.copy(), wa.copy(), None, None)
+
+    def rowwise_key(self):
+        return (self.name,)
 
 
 class ClipKL(Objective):
@@ -139,6 +153,10 @@ class ClipKL(Objective):
         bt = self._shape_beta_np(w, a, wa, _CLIP)
         form = ClosedForm(self._clip_value_np(w, a, wa), wa + bt, None, None, bt)
         return self._penalise_np(form, log_w, kl, beta)
+
+    def rowwise_key(self):
+        band = self._band_key()
+        return None if band is None else (self.name, band, self.kl_estimator)
 
 
 #: objective name -> class. The only dispatch on objective names in klppo: the classic family

@@ -324,3 +324,31 @@ def test_a_group_mixing_normalised_and_raw_runs_equals_each_alone(tmp_path):
     assert_engines_agree(batched, ordinary)
     assert "obs_norm" in checkpoint(batched[0].run_dir)
     assert checkpoint(batched[1].run_dir).get("obs_norm") is None
+
+
+#: pairs of runs with one loss setting but their beta (one family of the numpy stack's step:
+#: heads and closed forms as one [F, n] computation), minibatch advantage normalisation (per
+#: row), and an early stop (a family stepping as a gathered subset while a stopped row waits)
+FAMILIES = [
+    dict(objective="kl_penalty", seed=0, kl=dict(controller="fixed", beta=0.3)),
+    dict(objective="kl_penalty", seed=1, kl=dict(controller="proportional", target=0.01)),
+    dict(objective="clip", seed=2, ppo=dict(target_kl=0.002, early_stop="minibatch",
+                                            norm_adv="minibatch")),
+    dict(objective="clip", seed=3, ppo=dict(norm_adv="minibatch", lr=1e-3)),
+]
+
+
+@pytest.mark.parametrize("env", ["cartpole", "pendulum"])
+def test_runs_sharing_a_loss_step_as_one_family_each_as_alone(tmp_path, env):
+    from klppo.rl.engine.numpy_stack import _families
+    from klppo.rl.update import make_loss
+
+    make = (lambda out, v: config(out, steps=1536, **v)) if env == "cartpole" else \
+        (lambda out, v: pendulum(out, **v))
+    batched = train_batched([make(tmp_path / f"b{i}", v) for i, v in enumerate(FAMILIES)])
+    ordinary = [rl.train(make(tmp_path / f"o{i}", v)) for i, v in enumerate(FAMILIES)]
+    assert_engines_agree(batched, ordinary)
+    losses = [make_loss(make(tmp_path / "x", v)) for v in FAMILIES]
+    assert _families(losses) == [[0, 1], [2, 3]]
+    assert any(m["early_stop"] == 1.0 for m in batched[2].metrics)
+    assert len({m["beta"] for r in batched[:2] for m in r.metrics}) > 1

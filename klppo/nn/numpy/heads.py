@@ -17,6 +17,11 @@ torch head on random inputs.
 KLs are in nats per state. ``step`` returns ``(logp, entropy, kl, backward)`` where
 ``backward(g_logp, g_ent, g_kl) -> g_out`` maps per-sample gradients of the loss into the
 gradient of the actor's output ``[n, k or d]`` (the Gaussian also writes d loss / d log-std).
+
+Both heads also step the policies of several rows at once: the categorical head on samples
+flattened to ``[A n, k]`` (every quantity is per sample), the Gaussian on ``[A, n, d]`` with
+one log-std per row (``[A, 1, d]``, its gradient slot ``[A, 1, d]``). Per row the numbers are
+those of the row alone (elementwise operations, and sums over the same axes in the same order).
 """
 
 from __future__ import annotations
@@ -106,7 +111,9 @@ class Categorical:
 class Gaussian:
     """Diagonal Gaussian: mean ``[n, d]``, log-std ``[d]`` (a view of the weights), actions
     ``[n, d]``; params are ``[n, 2d]`` (mean then log-std). ``g_log_std`` (the log-std's slot in
-    the flat gradient) is written by ``backward``; None for a head that only acts."""
+    the flat gradient) is written by ``backward``; None for a head that only acts. Stepping
+    ``A`` rows at once: mean, actions and params ``[A, n, ...]``, log-std and its slot
+    ``[A, 1, d]``."""
 
     def __init__(self, log_std: np.ndarray, g_log_std: np.ndarray | None = None) -> None:
         self.log_std, self.g_log_std = log_std, g_log_std
@@ -114,7 +121,7 @@ class Gaussian:
     @staticmethod
     def logp(z: np.ndarray, log_std: np.ndarray) -> np.ndarray:
         """``log pi [n]`` from the standardised residual ``z = (a - mu) / sigma [n, d]``."""
-        return (-0.5 * z * z - log_std - HALF_LOG_2PI).sum(1)
+        return (-0.5 * z * z - log_std - HALF_LOG_2PI).sum(-1)
 
     @staticmethod
     def kl(mean_old, log_std_old, mean, log_std, inv_var):
@@ -124,7 +131,7 @@ class Gaussian:
         already; the per-iteration KL takes ``e^{-2 log sigma}`` as the torch head does."""
         var_ratio = np.exp(2 * (log_std_old - log_std))
         diff = mean_old - mean
-        kl = 0.5 * (var_ratio + diff * diff * inv_var - 1 - 2 * (log_std_old - log_std)).sum(1)
+        kl = 0.5 * (var_ratio + diff * diff * inv_var - 1 - 2 * (log_std_old - log_std)).sum(-1)
         return kl, var_ratio, diff
 
     def log_prob(self, out: np.ndarray, actions: np.ndarray) -> np.ndarray:
@@ -132,28 +139,29 @@ class Gaussian:
         return self.logp((actions - out) * np.exp(-self.log_std), self.log_std)
 
     def step(self, out: np.ndarray, actions: np.ndarray, old_params: np.ndarray):
-        """``(logp [n], entropy [n], KL(old || new) [n], backward)`` at mean ``out``."""
-        n, d = out.shape
+        """``(logp [n], entropy [n], KL(old || new) [n], backward)`` at mean ``out``
+        (``[A, n]`` each for ``A`` rows)."""
+        d = out.shape[-1]
         log_std = self.log_std
         inv_std = np.exp(-log_std)
         inv_var = inv_std**2
         zz = (actions - out) * inv_std
         logp = self.logp(zz, log_std)
-        entropy = np.full(n, (log_std + 0.5 + HALF_LOG_2PI).sum(), np.float32)
-        kl, var_ratio, diff = self.kl(old_params[:, :d], old_params[:, d:], out, log_std,
+        entropy = np.full(logp.shape, (log_std + 0.5 + HALF_LOG_2PI).sum(-1), np.float32)
+        kl, var_ratio, diff = self.kl(old_params[..., :d], old_params[..., d:], out, log_std,
                                       inv_var)
 
         def backward(g_logp, g_ent, g_kl):
-            g_out = g_logp[:, None] * zz * inv_std          # d logp / d mu = z / sigma
-            g_ls = (g_logp[:, None] * (zz * zz - 1)).sum(0)  # d logp / d log sigma = z^2 - 1
-            if g_ent is not None:                           # d H / d log sigma = 1
-                g_ls += g_ent.sum()
+            g_out = g_logp[..., None] * zz * inv_std          # d logp / d mu = z / sigma
+            g_ls = (g_logp[..., None] * (zz * zz - 1)).sum(-2)  # d logp / d log sigma = z^2 - 1
+            if g_ent is not None:                             # d H / d log sigma = 1
+                g_ls += g_ent.sum(-1)[..., None]
             if g_kl is not None:
-                g_out -= g_kl[:, None] * diff * inv_var
-                g_ls += (g_kl[:, None] * (1 - var_ratio - diff * diff * inv_var)).sum(0)
+                g_out -= g_kl[..., None] * diff * inv_var
+                g_ls += (g_kl[..., None] * (1 - var_ratio - diff * diff * inv_var)).sum(-2)
             if self.g_log_std is None:
                 raise RuntimeError("Gaussian.backward: this head only acts (no gradient slot)")
-            self.g_log_std[:] = g_ls
+            self.g_log_std[...] = g_ls.reshape(self.g_log_std.shape)
             return g_out
 
         return logp, entropy, kl, backward

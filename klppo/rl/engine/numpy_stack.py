@@ -30,13 +30,23 @@ from klppo.core.loss import PPOLoss
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.numpy import FastPathUnsupported, fast_path_refusal, flat_weights, mlp
 from klppo.nn.numpy.adam import NumpyAdam
-from klppo.nn.numpy.closed_form import loss_grads
+from klppo.nn.numpy.closed_form import loss_grads, rows_key
 from klppo.nn.numpy.heads import Categorical, Gaussian
 from klppo.nn.step import StepResult
 from klppo.rl.config import PPOConfig
 from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot
 
 __all__ = ["NumpyStack", "NumpySlot"]
+
+
+def _families(losses: list[PPOLoss]) -> list[list[int]]:
+    """The positions of ``losses`` grouped by :func:`~klppo.nn.numpy.closed_form.rows_key`
+    (one ``[F, n]`` computation each); a loss without a key is a family of its own."""
+    by_key: dict[Any, list[int]] = {}
+    for a, loss in enumerate(losses):
+        key = rows_key(loss)
+        by_key.setdefault(("alone", a) if key is None else key, []).append(a)
+    return list(by_key.values())
 
 Layer = tuple[np.ndarray, np.ndarray]
 Head = Categorical | Gaussian
@@ -158,16 +168,15 @@ class NumpyStack:
         values = values[None] if alone else values
         g_out = np.empty(out.shape, np.float32)
         g_val = np.empty(values.shape + (1,), np.float32)
-        per_row: list[tuple[Any, ...]] = []
-        for a in range(len(rows)):
-            logp, entropy, kl, backward = heads[a].step(out[a], mb.actions[a], mb.params[a])
-            terms, g_logp, gv, g_ent, g_kl, samples = loss_grads(
-                losses[a], logp.astype(np.float32, copy=False), mb.logp[a], mb.adv[a], values[a],
-                mb.returns[a], mb.values[a], entropy, kl.astype(np.float32, copy=False), betas[a],
-                None if mb.weight is None else mb.weight[a])
-            g_out[a] = backward(g_logp, g_ent, g_kl)
-            g_val[a, :, 0] = gv
-            per_row.append((logp, entropy, kl, terms, samples))
+        per_row: list[Any] = [None] * len(rows)
+        for family in _families(losses):
+            if len(family) == 1:
+                a = family[0]
+                per_row[a] = self._loss(heads[a], a, out, values, mb, losses[a], betas[a],
+                                        g_out, g_val)
+            else:
+                self._family_loss(family, W, G, out, values, mb, losses[family[0]], betas,
+                                  g_out, g_val, per_row)
         mlp.backward(actor, g_actor, a_acts, g_out[0] if alone else g_out, ws)
         mlp.backward(critic, g_critic, c_acts, g_val[0] if alone else g_val, ws)
         whole = len(rows) == self.R
@@ -175,6 +184,53 @@ class NumpyStack:
         return [StepResult(mb.idx[a], logp, values[a], entropy, kl, mb.adv[a], norms[a],
                            {k: terms[k] for k in TERMS if k in terms}, samples)
                 for a, (logp, entropy, kl, terms, samples) in enumerate(per_row)]
+
+    @staticmethod
+    def _loss(head: Head, a: int, out: np.ndarray, values: np.ndarray, mb: Minibatch,
+              loss: PPOLoss, beta: float, g_out: np.ndarray, g_val: np.ndarray) -> tuple:
+        """Policy ``a``'s head and closed-form loss alone; writes its output gradients."""
+        logp, entropy, kl, backward = head.step(out[a], mb.actions[a], mb.params[a])
+        terms, g_logp, gv, g_ent, g_kl, samples = loss_grads(
+            loss, logp.astype(np.float32, copy=False), mb.logp[a], mb.adv[a], values[a],
+            mb.returns[a], mb.values[a], entropy, kl.astype(np.float32, copy=False), beta,
+            None if mb.weight is None else mb.weight[a])
+        g_out[a] = backward(g_logp, g_ent, g_kl)
+        g_val[a, :, 0] = gv
+        return logp, entropy, kl, terms, samples
+
+    def _family_loss(self, family: list[int], W: np.ndarray, G: np.ndarray, out: np.ndarray,
+                     values: np.ndarray, mb: Minibatch, loss: PPOLoss, betas: list[float],
+                     g_out: np.ndarray, g_val: np.ndarray, per_row: list[Any]) -> None:
+        """The heads and closed-form losses of the policies ``family`` (positions in the step,
+        one loss setting but beta) as one ``[F, n]`` computation; each row's numbers are those
+        it computes alone (``tests/rl/test_engine.py``)."""
+        sel: Any = slice(None) if len(family) == len(per_row) else np.array(family)
+        o, acts, params = out[sel], mb.actions[sel], mb.params[sel]
+        F, n = o.shape[:2]
+        if self.layout.log_std is None:  # categorical: every quantity is per sample
+            flat = Categorical().step(o.reshape(F * n, -1), acts.reshape(F * n),
+                                      params.reshape(F * n, -1))
+            logp, entropy, kl = (v.reshape(F, n) for v in flat[:3])
+
+            def backward(g_logp, g_ent, g_kl):
+                return flat[3](g_logp.reshape(-1), None if g_ent is None else g_ent.reshape(-1),
+                               None if g_kl is None else g_kl.reshape(-1)).reshape(F, n, -1)
+        else:
+            s, e = self.layout.log_std
+            head = Gaussian(W[sel, s:e][:, None], np.zeros((F, 1, e - s), np.float32))
+            logp, entropy, kl, backward = head.step(o, acts, params)
+        beta = np.array([betas[a] for a in family], np.float64)[:, None]
+        terms, g_logp, gv, g_ent, g_kl, samples = loss_grads(
+            loss, logp.astype(np.float32, copy=False), mb.logp[sel], mb.adv[sel], values[sel],
+            mb.returns[sel], mb.values[sel], entropy, kl.astype(np.float32, copy=False), beta,
+            None if mb.weight is None else mb.weight[sel])
+        g_out[sel] = backward(g_logp, g_ent, g_kl)
+        if self.layout.log_std is not None:
+            G[sel, s:e] = head.g_log_std[:, 0]
+        g_val[sel, :, 0] = gv
+        for i, a in enumerate(family):
+            per_row[a] = (logp[i], entropy[i], kl[i], {k: float(v[i]) for k, v in terms.items()},
+                          {k: v[i] for k, v in samples.items()})
 
     def policy_kl(self, rows: np.ndarray, obs: np.ndarray, old_params: np.ndarray,
                   ws: mlp.Workspace) -> list[float]:
