@@ -7,7 +7,8 @@ rollout and scatters it back at its end; the buffers are the rows of one stacked
 collector's buffer views its row). Per env step: one stacked actor and critic forward for every
 row, one draw from each run's own generator, then the sampling, the buffer writes, the action
 clip, the checks, the episode bookkeeping and the observation and reward normalisation as one
-array operation each for all rows; only the env step itself stays one call per run. Every
+array operation each for all rows; only the env step itself stays one call per run (one call
+for the runs of one EnvPool pool, and for CartPoles of equal physics). Every
 operation is elementwise per row or reduces one row's own axis as the run's own objects do, so
 each run gets the numbers of its own :meth:`Collector.collect`, bit for bit; a run alone is a
 stack of one.
@@ -23,6 +24,7 @@ import numpy as np
 from klppo.nn._rowops import row_cumsum
 from klppo.nn.numpy import NumpyRunner
 from klppo.nn.numpy.heads import HALF_LOG_2PI, log_softmax
+from klppo.rl.cartpole import physics_key, step_cartpoles
 from klppo.rl.engine.norm import StackedStats, clip
 from klppo.rl.engine.rows import Stack
 from klppo.rl.envpool_backend import EnvPoolGroup, EnvPoolSlice
@@ -51,6 +53,17 @@ def _pooled(live: dict[int, Collector]) -> dict[EnvPoolGroup, dict[int, int]]:
         if isinstance(c.env, EnvPoolSlice) and c.env.pooled:
             out.setdefault(c.env.group, {})[r] = c.env.k
     return out
+
+
+def _cartpoles(live: dict[int, Collector]) -> list[list[int]]:
+    """The rows whose CartPole envs step as one (:func:`~klppo.rl.cartpole.step_cartpoles`):
+    groups of two or more with equal physics."""
+    out: dict[Any, list[int]] = {}
+    for r, c in live.items():
+        key = physics_key(c.env)
+        if key is not None:
+            out.setdefault(key, []).append(r)
+    return [rows for rows in out.values() if len(rows) > 1]
 
 
 def _rng(c: Collector) -> np.random.Generator:
@@ -117,7 +130,7 @@ class StackedRollout:
                 ) -> dict[int, EpisodeStats | BaseException]:
         live = dict(collectors)
         self._gather(live)
-        self.pooled = _pooled(live)
+        self.pooled, self.cartpoles = _pooled(live), _cartpoles(live)
         out: dict[int, EpisodeStats | BaseException] = {}
         for t in range(self.T):
             out_t, values = self.stack.act(self.X)
@@ -202,6 +215,16 @@ class StackedRollout:
                 continue
             for r, k in rows.items():
                 obs, rew, term, trunc, info = res[k]
+                self._store(r, obs, rew, term, trunc, info, infos)
+        for rows in self.cartpoles:  # one array step for the CartPoles of several runs
+            rows = [r for r in rows if r in live]
+            if len(rows) < 2:
+                continue
+            try:
+                res = step_cartpoles([live[r].env for r in rows], [env_actions[r] for r in rows])
+            except ValueError:  # refused before any env moved: each steps alone (and fails alone)
+                continue
+            for r, (obs, rew, term, trunc, info) in zip(rows, res):
                 self._store(r, obs, rew, term, trunc, info, infos)
         for r, c in list(live.items()):
             if r in infos:
