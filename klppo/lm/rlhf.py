@@ -34,8 +34,8 @@ from klppo.runs.lifecycle import (
     check_config_unchanged,
     check_metrics,
     check_run_dir,
-    run_iterations,
 )
+from klppo.runs.loop import run_iterations
 from klppo.runs.paths import check_writable
 from klppo.runs.threads import compute_threads
 

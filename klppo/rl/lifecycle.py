@@ -38,8 +38,8 @@ EXTENSION_FIELDS = frozenset({"total_steps", "lr_anneal_from"})
 
 class RunTrainer:
     """What the single- and multi-agent trainers share to run under
-    :func:`klppo.runs.lifecycle.run_iterations` (a run alone) or
-    :func:`klppo.runs.group.run_group` (runs together): the counters from the config, the
+    :func:`klppo.runs.loop.run_iterations` (a run alone) or
+    :func:`klppo.runs.loop.run_group` (runs together): the counters from the config, the
     divergence monitor, the checkpoint (with the config, which a resume checks), and the
     iteration itself, which the run's engine group computes (:class:`klppo.rl.engine.Group`: a
     run alone is a group of one). A subclass sets ``cfg``, ``env`` and ``monitor`` and

@@ -26,7 +26,8 @@ from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 from klppo.runs.errors import RunFailed
 from klppo.runs.install import install_hint
-from klppo.runs.lifecycle import OnIteration, RunLife, run_iterations
+from klppo.runs.lifecycle import OnIteration, RunLife
+from klppo.runs.loop import run_iterations
 from klppo.runs.protocol import final_return
 
 log = logging.getLogger("klppo.rl.trainer")

@@ -16,13 +16,13 @@ from typing import Any, Protocol
 
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
-from klppo.runs.errors import ResumeError, RunFailed, RunInterrupted
+from klppo.runs.errors import ResumeError
 from klppo.runs.signals import StopRequest
 from klppo.runs.typecheck import short_repr
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Trainer", "RunLife", "run_iterations", "fail", "record", "check_metrics",
+__all__ = ["Trainer", "RunLife", "fail", "record", "check_metrics",
            "check_run_dir", "metrics_records", "OnIteration", "StopRun"]
 
 OnIteration = Callable[[dict[str, Any]], None] | None
@@ -82,6 +82,8 @@ class RunLife:
         self.run_dir, self.lock, self.saved = run_dir, lock, saved
         self.warnings: list[str] = []
         self.stop_signal: int | None = None
+        #: the error that failed the run (:func:`fail`), None while none did
+        self.failure: BaseException | None = None
 
     def status(self, state: str, iteration: int, **fields: Any) -> None:
         if self.warnings:
@@ -109,57 +111,10 @@ class RunLife:
         return "no checkpoint was written yet (a resume starts the run again)"
 
 
-def run_iterations(tr: Trainer, life: RunLife, make_writer: Callable[[], M.MetricsWriter],
-                   on_iteration: OnIteration, failed: type[RunFailed]) -> str:
-    """Iterate ``tr`` to its end or a stop request; return 'finished', 'interrupted' (the
-    signal in ``life.stop_signal``) or the state of a :class:`StopRun` from ``on_iteration``.
-    A second signal stops at once: status 'interrupted' and
-    :class:`~klppo.runs.errors.RunInterrupted` (a ``KeyboardInterrupt``) naming the directory.
-
-    Any error ends the run with status 'failed', the reason (``iteration N: Type: message;``
-    and the checkpoint kept) and the traceback in status.json, and raises ``failed`` with the
-    one-line reason. The lock is released and the trainer closed however it ends."""
-    it = tr.iteration + 1
-    stop = StopRequest()
-    try:
-        life.status("running", tr.iteration)
-        writer = make_writer()
-        try:
-            with stop:
-                state, why = "finished", {}
-                while tr.iteration < tr.num_iterations:
-                    it = tr.iteration + 1
-                    try:
-                        record(tr, life, writer, tr.iterate(), on_iteration, stop)
-                    except StopRun as request:
-                        tr.save(life.run_dir)  # the callback came before the checkpoint
-                        life.saved = tr.iteration
-                        if tr.iteration < tr.num_iterations:
-                            state, why = request.state, {"reason": request.reason}
-                        break
-                    if stop.requested and tr.iteration < tr.num_iterations:
-                        state = "interrupted"
-                        life.stop_signal = stop.signum
-                        break
-        finally:
-            writer.close()
-        # the end state before closing: a second signal while the envs close (the stop handler
-        # is gone by then) must not leave status.json saying 'running'
-        life.status(state, tr.iteration, **why)
-    except KeyboardInterrupt:
-        life.final_status("interrupted", tr.iteration, error="interrupted at once (second signal)")
-        raise RunInterrupted(life.run_dir, stop.signum) from None
-    except Exception as e:  # noqa: BLE001 - every failure ends as one named error
-        raise failed(fail(life, tr.iteration, it, e)) from e
-    finally:
-        tr.close()
-        life.lock.release()
-    return state
-
-
 def fail(life: RunLife, iteration: int, it: int, error: BaseException) -> str:
     """Status 'failed' for a run that stopped on ``error`` during iteration ``it`` (with the
     traceback and what is kept); return the one-line reason."""
+    life.failure = error
     what = " ".join(str(error).split())
     if not what.startswith("iteration"):
         what = f"iteration {it}: {type(error).__name__}: {what}"

@@ -352,3 +352,24 @@ def test_runs_sharing_a_loss_step_as_one_family_each_as_alone(tmp_path, env):
     assert _families(losses) == [[0, 1], [2, 3]]
     assert any(m["early_stop"] == 1.0 for m in batched[2].metrics)
     assert len({m["beta"] for r in batched[:2] for m in r.metrics}) > 1
+
+
+def test_a_callback_stops_one_run_of_a_group_checkpointed_while_the_other_finishes(tmp_path):
+    """The one run loop serves a run alone, a group and klppo rlhf alike: a tuner's StopRun
+    from ``on_iteration`` ends that run as its state (checkpointed, resumable), in a group too."""
+    from klppo.runs.lifecycle import StopRun
+
+    asked = []
+
+    def prune_first_at_2(m):
+        if m["iteration"] == 2 and not asked:
+            asked.append(m)
+            raise StopRun("pruned", "below the median")
+
+    res = train_batched([config(tmp_path / f"r{s}", seed=s, steps=2048) for s in (0, 1)],
+                        on_iteration=prune_first_at_2)
+    assert [r.status for r in res] == ["pruned", "finished"]
+    status = json.loads((res[0].run_dir / "status.json").read_text())
+    assert status["reason"] == "below the median" and status["checkpoint_iteration"] == 2
+    assert checkpoint(res[0].run_dir)["iteration"] == 2
+    assert len(res[1].metrics) == res[1].metrics[-1]["iteration"] > 2

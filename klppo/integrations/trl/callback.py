@@ -220,8 +220,8 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
             :func:`~klppo.core.controllers.make_controller` with ``options`` (``beta`` defaults
             to the trainer's). Its target is in ``unit``, nats of KL(policy || reference). A
             controller built by name but ``pid`` holds beta until the KL first reaches the
-            target (``hold=True``; pass ``hold=False`` to feed it the ramp from 0, or ``hold_limit=N``
-            to release it after N updates whatever the KL), and
+            target (``hold=True``; pass ``hold=False`` to feed it the ramp from 0, or
+            ``hold_limit=N`` to release it after N updates whatever the KL), and
             ``proportional`` without a ``horizon`` (or ``horizon="auto"``) gets one derived from
             the run when training starts: beta can move by a factor of 20 within a quarter of
             the run's updates (:func:`~klppo.core.controllers.run_horizon`).

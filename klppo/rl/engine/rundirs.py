@@ -4,7 +4,7 @@ Each run is an ordinary trainer (:class:`klppo.rl.trainer`'s single-agent one, o
 :class:`~klppo.rl.marl.trainer.MultiTrainer`) whose policies are rows of the group's stacks
 (:class:`~klppo.rl.engine.groups.StackSet`); one iteration of every run is computed together by
 the group (:class:`~klppo.rl.engine.group.Group`). Each run's directory is written by the shared
-lifecycle (:func:`klppo.runs.group.run_group`): config.yaml, metrics.jsonl, checkpoint.pt,
+lifecycle (:func:`klppo.runs.loop.run_group`): config.yaml, metrics.jsonl, checkpoint.pt,
 status.json, metadata.json as a run alone writes them, so ``klppo report``, ``replay``, ``eval``,
 ``klppo.load`` and ``klppo train --resume`` read them unchanged, and a run may be resumed in any
 grouping.
@@ -27,8 +27,8 @@ from klppo.rl.opening import TrainResult, open_existing, open_new, sinks
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
 from klppo.runs.errors import RunFailed, UserInputError
-from klppo.runs.group import run_group
 from klppo.runs.lifecycle import OnIteration, RunLife
+from klppo.runs.loop import run_group
 from klppo.runs.threads import compute_threads
 
 log = logging.getLogger(__name__)
