@@ -3,7 +3,7 @@
 Usage:
     git worktree add /tmp/klppo-base 5e465de   # the code before the one engine (issue #29)
     python benchmarks/bench_engine.py --baseline /tmp/klppo-base [--preset klip/hopper]
-        [--runs 20] [--steps 8192] [--cpu 0] [--env-backend gymnasium] [--single]
+        [--runs 20] [--steps 8192] [--cpu 0] [--env-backend gymnasium] [--single] [--study]
 
 The baseline trains the R runs (the preset, seeds 0..R-1, objective clip) as R processes one
 after another (``klppo train`` of the baseline's source tree, which ``--baseline`` names: a
@@ -14,8 +14,10 @@ training loop alone is read from the runs' metrics ("loop": ``time_elapsed`` of 
 iteration, summed over the baseline's runs, the longest of the group's). It prints the summed
 env-steps per second of both, their ratio, whether every run's metrics are equal in both (timing
 aside), and each side's cost per run-step above the bare env step. ``--single`` also times one
-run alone (R = 1) in both trees, three times each, interleaved. Needs the env's extra (mujoco
-for klip/hopper; envpool for ``--env-backend envpool``).
+run alone (R = 1) in both trees, three times each, interleaved. ``--study`` trains the KLip
+four-condition study instead (``make demo``'s conditions: clip, per-sample KL, fixed beta 1.0,
+the step controller) with ``--runs`` seeds each. Needs the env's extra (mujoco for klip/hopper;
+envpool for ``--env-backend envpool``).
 """
 
 from __future__ import annotations
@@ -30,13 +32,23 @@ from _proc import run
 
 PIN = "import os; os.sched_setaffinity(0, {{{cpu}}})\n"
 
+#: the KLip four-condition study (klppo.experiments.sweep_spec.DEMO_SPEC's conditions)
+STUDY = [{"objective": "clip"}, {"objective": "per_sample_kl"},
+         {"objective": "kl_penalty", "kl": {"controller": "fixed", "beta": 1.0}},
+         {"objective": "kl_penalty",
+          "kl": {"controller": "step", "preset": "klip", "target": 0.02}}]
+
 CONFIGS = PIN + """
 import dataclasses, logging, klppo.rl as rl
 logging.disable(logging.WARNING)
-def cfg(seed):
+RUNS = {plan!r}
+def cfg(i):
+    seed, over = RUNS[i]
     c = rl.preset({preset!r})
-    return dataclasses.replace(c, seed=seed, objective="clip", total_steps={steps},
-                               tensorboard=False, out=os.path.join({root!r}, f"run{{seed}}"),
+    kl = dataclasses.replace(c.kl, **over.get("kl", {{}}))
+    return dataclasses.replace(c, seed=seed, objective=over["objective"], kl=kl,
+                               total_steps={steps}, tensorboard=False,
+                               out=os.path.join({root!r}, f"run{{i}}"),
                                rollout=dataclasses.replace(c.rollout, env_backend={backend!r}))
 """
 
@@ -46,7 +58,7 @@ print("RESULT", r.metrics[-1]["global_step"], r.metrics[-1]["time_elapsed"])
 """
 
 GROUP = CONFIGS + """
-rs = rl.train_batched([cfg(s) for s in range({runs})])
+rs = rl.train_batched([cfg(i) for i in range({runs})])
 assert all(r.status == "finished" for r in rs)
 print("RESULT", sum(r.metrics[-1]["global_step"] for r in rs),
       max(r.metrics[-1]["time_elapsed"] for r in rs))
@@ -80,31 +92,41 @@ def metrics(run_dir: Path) -> list[dict]:
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def plan(args: argparse.Namespace) -> list[tuple[int, dict]]:
+    """Each run's (seed, condition): clip with seeds 0..R-1, or the study's conditions x
+    seeds."""
+    if args.study:
+        return [(s, c) for c in STUDY for s in range(args.runs)]
+    return [(s, {"objective": "clip"}) for s in range(args.runs)]
+
+
 def measure(args: argparse.Namespace) -> tuple[dict[str, tuple[float, float, int]], bool]:
     """Per side: (wall s, loop s, env steps) of all runs; whether every run's metrics are the
     same in both."""
     out = {}
+    runs = plan(args)
     with tempfile.TemporaryDirectory() as d:
         roots = {e: os.path.join(d, e) for e in ("baseline", "group")}
         common = dict(cpu=args.cpu, preset=args.preset, steps=args.steps,
-                      backend=args.env_backend)
+                      backend=args.env_backend, plan=runs)
         wall = loop = steps = 0.0
-        for seed in range(args.runs):
-            w, (s, el) = run(ALONE.format(root=roots["baseline"], seed=seed, **common),
+        for i in range(len(runs)):
+            w, (s, el) = run(ALONE.format(root=roots["baseline"], seed=i, **common),
                              args.baseline)
             wall, loop, steps = wall + w, loop + float(el), steps + int(s)
         out["baseline"] = (wall, loop, int(steps))
-        w, (s, el) = run(GROUP.format(root=roots["group"], runs=args.runs, **common))
+        w, (s, el) = run(GROUP.format(root=roots["group"], runs=len(runs), **common))
         out["group"] = (w, float(el), int(s))
-        same = all(metrics(Path(roots["baseline"]) / f"run{s}")
-                   == metrics(Path(roots["group"]) / f"run{s}") for s in range(args.runs))
+        same = all(metrics(Path(roots["baseline"]) / f"run{i}")
+                   == metrics(Path(roots["group"]) / f"run{i}") for i in range(len(runs)))
     return out, same
 
 
 def single(args: argparse.Namespace) -> None:
     """One run alone in both trees, three times each, interleaved: loop seconds."""
     loops: dict[str, list[float]] = {"baseline": [], "this tree": []}
-    common = dict(cpu=args.cpu, preset=args.preset, steps=args.steps, backend=args.env_backend)
+    common = dict(cpu=args.cpu, preset=args.preset, steps=args.steps, backend=args.env_backend,
+                  plan=[(0, {"objective": "clip"})])
     for _ in range(3):
         for side, path in (("baseline", args.baseline), ("this tree", None)):
             with tempfile.TemporaryDirectory() as d:
@@ -124,9 +146,13 @@ def main() -> None:
     ap.add_argument("--cpu", type=int, default=0, help="the one core every process runs on")
     ap.add_argument("--env-backend", choices=["gymnasium", "envpool"], default="gymnasium")
     ap.add_argument("--single", action="store_true", help="also time one run alone")
+    ap.add_argument("--study", action="store_true",
+                    help="the four-condition study (--runs seeds each) instead of clip runs")
     args = ap.parse_args()
-    print(f"{args.preset} on {args.env_backend}: {args.runs} runs x {args.steps} steps (clip, "
-          f"seeds 0..{args.runs - 1}), every process on cpu {args.cpu}, one thread")
+    what = (f"the four-condition study x {args.runs} seeds" if args.study else
+            f"{args.runs} runs (clip, seeds 0..{args.runs - 1})")
+    print(f"{args.preset} on {args.env_backend}: {what} x {args.steps} steps, every process on "
+          f"cpu {args.cpu}, one thread")
     _, (bare,) = run(BARE.format(cpu=args.cpu, preset=args.preset, backend=args.env_backend))
     res, same = measure(args)
     print(f"{'side':<10} {'wall s':>8} {'loop s':>8} {'steps/s wall':>13} {'steps/s loop':>13} "
