@@ -167,3 +167,26 @@ def test_the_pid_rule_built_by_name_is_not_held(lm_dir, tmp_path):
     assert cb.controller.hold is False
     cb.controller.update(0.0)  # far below the target: beta falls from the first update
     assert cb.controller.value < trainer.args.beta
+
+
+@pytest.mark.parametrize("controller", ["pid", "proportional"])
+def test_a_kl_that_never_reaches_its_target_is_named_once_and_the_ramp_is_no_bound(
+        lm_dir, tmp_path, controller):
+    """The KL to the reference ramps up from 0: a rule without a hold lowers beta to its floor
+    meanwhile, which is no sign the target is out of reach; a KL that has not reached the
+    target after a quarter of the run is, once."""
+    import warnings
+
+    from klppo.integrations.trl.callback import ControllerBoundWarning
+
+    trainer = make_trainer("grpo", lm_dir, tmp_path, max_steps=8)
+    start = trainer.beta
+    attach(trainer, controller, unit="per_token_mean", target=50.0, beta_min=1e-4,
+           **({"kp": 0.1, "ki": 0.1} if controller == "pid" else {}))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.train()
+    said = [str(w.message) for w in seen if issubclass(w.category, ControllerBoundWarning)]
+    assert len(said) == 1 and "has not reached its target 50 in a quarter of the run" in said[0]
+    assert ("held at its start" in said[0]) is (controller == "proportional")
+    assert trainer.beta == (1e-4 if controller == "pid" else start)  # the floor, or held

@@ -64,6 +64,7 @@ class KLControlCallback(TrainerCallback):
         self.tap = tap
         self.auto_horizon = auto_horizon
         self._at_bound: str | None = None
+        self._quarter_warned = False
         self.penalised_unit = penalised_unit(spec, trainer.args)
         self.history: list[dict[str, Any]] = []
         self._last_update_step = 0
@@ -87,6 +88,7 @@ class KLControlCallback(TrainerCallback):
             return
         rec = self._update(args, state, logs)
         self._warn_at_bound(rec)
+        self._warn_not_reached(rec, state)
         numbers = {f"{PREFIX}{k}": rec[k] for k in ("kl", "kl_penalised", "kl_target", "beta",
                                                     "beta_next",
                                                     "relative_error", "error_clipped",
@@ -133,8 +135,13 @@ class KLControlCallback(TrainerCallback):
                  self._samples_per_update(args))
 
     def _warn_at_bound(self, rec: dict[str, Any]) -> None:
-        """One warning each time the controller starts pressing on a bound of beta."""
+        """One warning each time the controller starts pressing on a bound of beta; not for
+        ``beta_min`` before the KL first reaches the target (the KL to the reference starts at
+        0: a rule without a hold lowers beta to its floor while the KL ramps up, as it should;
+        :meth:`_warn_not_reached` says when that lasts)."""
         bound = {1: "beta_max", -1: "beta_min"}.get(rec.get("at_bound") or 0)
+        if bound == "beta_min" and not self.controller.reached:
+            bound = None
         if bound is not None and bound != self._at_bound:
             value = getattr(self.controller, bound)
             warnings.warn(
@@ -144,6 +151,22 @@ class KLControlCallback(TrainerCallback):
                 "or change the target or the learning rate (docs/algorithms.md)",
                 ControllerBoundWarning, stacklevel=2)
         self._at_bound = bound
+
+    def _warn_not_reached(self, rec: dict[str, Any], state: Any) -> None:
+        """One warning when a quarter of the run has passed and the KL has never reached the
+        target (a start beta too strong, a step size too small, or a target too large)."""
+        ctrl = self.controller
+        if self._quarter_warned or ctrl.reached or ctrl.target is None or rec.get("kl") is None:
+            return
+        if rec["step"] * 4 < int(state.max_steps):
+            return
+        self._quarter_warned = True
+        warnings.warn(
+            f"klppo: step {rec['step']}: the KL ({rec['kl']:.4g} {self.unit}) has not reached its "
+            f"target {ctrl.target:g} in a quarter of the run (beta {ctrl.value:.4g}"
+            f"{', held at its start' if rec.get('held') else ''}); a beta this strong, a "
+            "learning rate this small or a target this large may never let it "
+            "(docs/algorithms.md)", ControllerBoundWarning, stacklevel=2)
 
     def _identity(self) -> dict[str, Any]:
         return {"trainer": self.spec.name, "unit": self.unit, "estimator": self.spec.estimator,
