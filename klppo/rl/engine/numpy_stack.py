@@ -42,6 +42,8 @@ __all__ = ["NumpyStack", "NumpySlot"]
 def _families(losses: list[PPOLoss]) -> list[list[int]]:
     """The positions of ``losses`` grouped by :func:`~klppo.nn.numpy.closed_form.rows_key`
     (one ``[F, n]`` computation each); a loss without a key is a family of its own."""
+    if len(losses) == 1:  # a run alone: nothing to group
+        return [[0]]
     by_key: dict[Any, list[int]] = {}
     for a, loss in enumerate(losses):
         key = rows_key(loss)
