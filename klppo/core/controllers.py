@@ -42,6 +42,7 @@ __all__ = [
     "run_horizon",
     "ExponentialKL",
     "PIDKL",
+    "relative_pid_gains",
     "STEP_PRESETS",
     "is_fixed_fallback",
     "CONTROLLERS",
@@ -319,6 +320,19 @@ class PIDKL(KLController):
         assert integral is not None  # (checked above: a finite number)
         self.integral = integral
         self._delta_s, self._d_s = values["delta_s"], values["d_s"]
+
+
+def relative_pid_gains(target: float, kp: float = 1.0, ki: float = 0.15,
+                       kd: float = 0.0) -> dict[str, float]:
+    """:class:`PIDKL` gains (beta per nat of KL) from gains per *relative* error: ``kp /
+    target``, ``ki / target``, ``kd / target``. The defaults are what held SmolLM2-135M at its
+    target in TRL's GRPO from a weak and a strong start, 3 seeds each (docs/algorithms.md, "Can
+    beta hold the KL?"): an error of 100% of the target moves beta by 1 at once and its integral
+    by 0.15 per update; the integral, floored at 0, unwinds a strong start while the KL ramps
+    up. A sizeable ``kp`` suits a KL that follows beta within an update or two, as a KL term in
+    the loss does; a noisier KL wants a smaller one."""
+    t = _positive("relative_pid_gains", "target", target)
+    return {"kp": kp / t, "ki": ki / t, "kd": kd / t}
 
 
 #: name -> class. ``make_controller`` is the only dispatch on controller names.

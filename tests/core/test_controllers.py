@@ -290,3 +290,17 @@ def test_run_horizon_moves_beta_twentyfold_in_a_quarter_of_the_run():
     assert c.update(1.0, 16) == pytest.approx(1.5)
     with pytest.raises(ValueError, match="updates and samples_per_update must be >= 1"):
         run_horizon(0, 8)
+
+
+def test_relative_pid_gains_are_the_relative_ones_over_the_target():
+    from klppo.core.controllers import relative_pid_gains
+
+    assert relative_pid_gains(0.05) == {"kp": 1.0 / 0.05, "ki": 0.15 / 0.05, "kd": 0.0}
+    assert relative_pid_gains(2.0, kp=0.5, ki=0.1, kd=1.0) == {"kp": 0.25, "ki": 0.05,
+                                                               "kd": 0.5}
+    # an error of 100% of the target moves beta by kp_rel at once, its integral by ki_rel
+    pid = make_controller("pid", beta=0.0, target=0.05, **relative_pid_gains(0.05))
+    assert pid.update(0.1) == pytest.approx(1.0 + 0.15)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="target"):
+            relative_pid_gains(bad)

@@ -169,6 +169,17 @@ def test_the_pid_rule_built_by_name_is_not_held(lm_dir, tmp_path):
     assert cb.controller.value < trainer.args.beta
 
 
+def test_the_pid_rule_built_by_name_takes_gains_relative_to_its_target(lm_dir, tmp_path):
+    """kp = 1 / target, ki = 0.15 / target (beta per nat), kd = 0; given gains are kept."""
+    trainer = make_trainer("grpo", lm_dir, tmp_path, max_steps=12)
+    ctrl = attach(trainer, "pid", unit="per_token_mean", target=0.05, beta_min=1e-4).controller
+    assert (ctrl.kp, ctrl.ki, ctrl.kd) == (pytest.approx(20.0), pytest.approx(3.0), 0.0)
+    trainer = make_trainer("grpo", lm_dir, tmp_path / "b", max_steps=12)
+    ctrl = attach(trainer, "pid", unit="per_token_mean", target=0.5, beta_min=1e-4,
+                  kp=7.0).controller
+    assert (ctrl.kp, ctrl.ki) == (7.0, pytest.approx(0.3))
+
+
 @pytest.mark.parametrize("controller", ["pid", "proportional"])
 def test_a_kl_that_never_reaches_its_target_is_named_once_and_the_ramp_is_no_bound(
         lm_dir, tmp_path, controller):

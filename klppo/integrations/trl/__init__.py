@@ -29,7 +29,8 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     raise ImportError(
         f"klppo.integrations.trl needs TRL: {install_hint('trl')}") from err
 
-from klppo.integrations.trl.callback import PREFIX, KLControlCallback, attach  # noqa: E402
+from klppo.integrations.trl.attaching import attach  # noqa: E402
+from klppo.integrations.trl.callback import PREFIX, KLControlCallback  # noqa: E402
 from klppo.integrations.trl.entropy import (  # noqa: E402
     ENTROPY_STATE_FILE,
     EntropyControlCallback,
