@@ -14,6 +14,11 @@ against the target, beta, held-out perplexity every few steps, sample texts), th
 1e-3, where a fixed beta of 1.0 holds this model below the 0.05 target and 0.01 lets it run
 above. The full setting is meant for SmolLM2-135M-Instruct (the smollm2 extra, see
 docs/integrations.md) on a GPU. It ends by printing each arm's second-half KL beside the target.
+
+The adaptive arms use klppo's PID rule with gains relative to the target (``kp = 1 / target``,
+``ki = 0.15 / target``: ``klppo.core.controllers.relative_pid_gains``), which held SmolLM2-135M
+at its target from both starts (docs/results/trl-grpo-smollm2-pid); ``--set
+controller=proportional`` runs the proportional rule instead.
 """
 
 from __future__ import annotations
@@ -42,9 +47,9 @@ class Setting:
     weak_beta: float = 0.005
     target: float = 0.05
     unit: str = "per_token_mean"
-    controller: str = "proportional"
+    controller: str = "pid"  # or proportional (held until the KL reaches the target)
     horizon: float | None = None  # None: derived from the run (klppo.core.controllers.run_horizon)
-    kp: float | None = None  # the pid rule's gains (None: its defaults), beta per nat of KL
+    kp: float | None = None  # pid gains, beta per nat (None: relative_pid_gains of the target)
     ki: float | None = None
     kd: float | None = None
     lora: bool = False  # train LoRA adapters (peft) instead of every parameter

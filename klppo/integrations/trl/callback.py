@@ -153,7 +153,8 @@ class KLControlCallback(TrainerCallback):
         """One warning when a quarter of the run has passed and the KL has never reached the
         target (a start beta too strong, a step size too small, or a target too large)."""
         ctrl = self.controller
-        if self._quarter_warned or ctrl.reached or ctrl.target is None or rec.get("kl") is None:
+        if (self._quarter_warned or ctrl.reached or ctrl.target is None or ctrl.name == "fixed"
+                or rec.get("kl") is None):
             return
         if rec["step"] * 4 < int(state.max_steps):
             return
