@@ -68,12 +68,15 @@ def gae(
     return adv, adv + values
 
 
-def normalize_advantage(advantage: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def normalize_advantage(advantage: torch.Tensor, eps: float = 1e-8,
+                        rows: bool = False) -> torch.Tensor:
     """``(A - mean) / (std + eps)`` over all entries, with the sample std (torch's default, as
     in CleanRL and SB3). A single sample is returned centred (0). Takes a torch tensor or a
-    numpy array (the numpy fast path) and returns the same kind; a 2-D numpy array ``[A, n]``
-    is normalised row by row (the rows of a stack)."""
-    if isinstance(advantage, np.ndarray) and advantage.ndim == 2:  # [A, n]: each row its own
+    numpy array (the numpy fast path) and returns the same kind. ``rows=True`` (numpy ``[A,
+    n]``, the rows of a stack): each row over its own entries, the numbers of each row alone."""
+    if rows:
+        if not isinstance(advantage, np.ndarray) or advantage.ndim != 2:
+            raise ValueError("normalize_advantage(rows=True) takes a 2-D numpy array [A, n]")
         m = advantage.mean(-1, keepdims=True)
         if advantage.shape[-1] < 2:
             return advantage - m

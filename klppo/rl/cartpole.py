@@ -16,6 +16,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode
 
 from klppo.rl.vecenv import RestoreReport, generator_from_state
@@ -92,8 +93,9 @@ def physics_key(env: Any) -> tuple[Any, ...] | None:
     if not isinstance(env, CartPoleSameStep) or env.env is not env.env.unwrapped:
         return None
     base = env.env.unwrapped
-    if not all(hasattr(base, k) for k in _SETTINGS):
-        return None
+    if type(base).step is not CartPoleVectorEnv.step or not all(hasattr(base, k)
+                                                                 for k in _SETTINGS):
+        return None  # a vector env of its own making: its own step
     return (type(base), *(getattr(base, k) for k in _SETTINGS))
 
 
@@ -102,7 +104,8 @@ def step_cartpoles(envs: list[CartPoleSameStep], actions: list[np.ndarray]
     """One step of every env of ``envs`` (equal :func:`physics_key`), ``actions[k]`` for
     ``envs[k]``: per env ``(obs, rewards, terminated, truncated, info)`` as its own
     :meth:`CartPoleSameStep.step` returns them. Actions that are not 0 or 1 raise before any env
-    moves (as the env's own action check does)."""
+    moves (as the env's own action check does); the engine then steps each env alone, so that a
+    run whose actions are bad fails alone."""
     for env, act in zip(envs, actions):
         if np.shape(act) != (env.num_envs,):
             raise ValueError(f"CartPole: actions of shape {np.shape(act)} for {env.num_envs} envs")

@@ -49,7 +49,6 @@ class _Group:
         reason), then close its trainer and release its lock. The status comes before the
         trainer's close, so a second signal while the envs close cannot leave it 'running'."""
         tr, life = self.trainers[i], self.lives[i]
-        self.states[i] = state
         try:
             try:
                 writer = self.writers.pop(i, None)
@@ -60,11 +59,16 @@ class _Group:
             except Exception as e:  # noqa: BLE001 - e.g. a full disk: the run fails with it
                 error, it = (error, it) if error is not None else (e, tr.iteration)
             if error is not None:
-                self.states[i] = "failed"
+                state = "failed"
                 self.errors[i] = fail(life, tr.iteration, it, error)
             elif note is not None:
                 life.final_status(state, tr.iteration, error=note)
+        except KeyboardInterrupt:  # a second signal before the status was written
+            state = "interrupted"
+            life.final_status(state, tr.iteration, error="interrupted at once (second signal)")
+            raise
         finally:
+            self.states[i] = state
             try:
                 tr.close()
             except Exception:  # noqa: BLE001 - its status is written; the others go on
@@ -84,16 +88,10 @@ def run_group(trainers: Sequence[Trainer], lives: Sequence[RunLife], iterate_all
     one run) fails every run still iterating with that reason. Locks are released and trainers
     closed however the runs end; a second signal ends them 'interrupted' and re-raises."""
     g = _Group(trainers, lives)
-    for i, (tr, life) in enumerate(zip(trainers, lives)):
-        g.states[i] = "running"
-        try:
-            life.status("running", tr.iteration)
-            g.writers[i] = make_writer(i)
-        except Exception as e:  # noqa: BLE001 - this run cannot log: it alone fails
-            g.end(i, "failed", e, tr.iteration + 1)
     stop = StopRequest()
     try:
         with stop:
+            _start(g, trainers, lives, make_writer)
             _iterate(g, iterate_all, on_iteration, stop)
     except KeyboardInterrupt:
         for i in g.live():
@@ -107,6 +105,18 @@ def run_group(trainers: Sequence[Trainer], lives: Sequence[RunLife], iterate_all
         for i in g.live():  # only on an exit not handled above (e.g. SystemExit)
             g.end(i, "interrupted")
     return g.states, g.errors
+
+
+def _start(g: _Group, trainers: Sequence[Trainer], lives: Sequence[RunLife],
+           make_writer: Callable[[int], M.MetricsWriter]) -> None:
+    """Each run 'running' with its metrics sinks open (a run that cannot log fails alone)."""
+    for i, (tr, life) in enumerate(zip(trainers, lives)):
+        g.states[i] = "running"
+        try:
+            life.status("running", tr.iteration)
+            g.writers[i] = make_writer(i)
+        except Exception as e:  # noqa: BLE001 - this run cannot log: it alone fails
+            g.end(i, "failed", e, tr.iteration + 1)
 
 
 def _iterate(g: _Group, iterate_all: IterateAll, on_iteration: OnIteration,

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from klppo.core.controllers import make_controller  # noqa: E402
 from klppo.core.kl import per_sequence_sum, sampled_kl  # noqa: E402
-from klppo.integrations.trl import STATE_FILE, attach  # noqa: E402
+from klppo.integrations.trl import STATE_FILE, TRLIntegrationError, attach  # noqa: E402
 from tests.integrations.trl_setup import klppo_logs, make_trainer, tiny_lm_dir  # noqa: E402
 
 #: controller of each trainer's run (unit per_sequence_sum: GRPO's KL read per token, RLOO's
@@ -178,6 +178,13 @@ def test_the_pid_rule_built_by_name_takes_gains_relative_to_its_target(lm_dir, t
     ctrl = attach(trainer, "pid", unit="per_token_mean", target=0.5, beta_min=1e-4,
                   kp=7.0).controller
     assert (ctrl.kp, ctrl.ki) == (7.0, pytest.approx(0.3))
+    trainer = make_trainer("grpo", lm_dir, tmp_path / "c", max_steps=12)  # a limit asks a hold
+    ctrl = attach(trainer, "pid", unit="per_token_mean", target=0.5, beta_min=1e-4,
+                  hold_limit=3).controller
+    assert ctrl.hold is True and ctrl.hold_limit == 3
+    with pytest.raises(TRLIntegrationError, match="controller='pid': .*target"):
+        attach(make_trainer("grpo", lm_dir, tmp_path / "d", max_steps=12), "pid",
+               unit="per_token_mean", target=-0.5, beta_min=1e-4)
 
 
 @pytest.mark.parametrize("controller", ["pid", "proportional"])

@@ -59,6 +59,15 @@ def test_other_physics_or_a_wrapper_do_not_step_together():
     a, b = cartpole(2, 0), cartpole(2, 1, max_episode_steps=50)
     assert physics_key(a) != physics_key(b)
     assert physics_key(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync")) is None
+    from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+    class Windy(CartPoleVectorEnv):  # a vector env of the user's own making: its own step
+        def step(self, action):
+            return super().step(action)
+
+    windy = CartPoleSameStep(Windy(num_envs=2))
+    windy.reset(seed=0)
+    assert physics_key(windy) is None
 
 
 def test_bad_actions_are_refused_before_any_env_moves():

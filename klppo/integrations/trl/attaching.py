@@ -4,10 +4,12 @@ KLControlCallback`."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
 from klppo.core.controllers import (
+    PIDKL,
     KLController,
     make_controller,
     relative_pid_gains,
@@ -87,6 +89,10 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
     return cb
 
 
+#: PIDKL's own default target (the gains of a pid built without one are relative to it)
+_PID_TARGET = inspect.signature(PIDKL).parameters["target"].default
+
+
 def _string_defaults(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """A controller built by name holds beta until the KL first reaches its target
     (``hold``; the KL to the reference starts at 0), except ``pid``, whose integral cannot go
@@ -99,8 +105,16 @@ def _string_defaults(name: str, options: dict[str, Any]) -> dict[str, Any]:
     out = dict(options)
     if name not in ("fixed", "pid") and out.get("target") is not None:
         out.setdefault("hold", True)
-    if name == "pid" and out.get("target") is not None:
-        for gain, value in relative_pid_gains(out["target"]).items():
+    if name == "pid" and out.get("hold_limit") is not None:
+        out.setdefault("hold", True)  # a hold limit asks for a hold
+    if name == "pid":
+        target = out.get("target")
+        target = _PID_TARGET if target is None else target
+        try:
+            gains = relative_pid_gains(target)
+        except (TypeError, ValueError) as e:
+            raise TRLIntegrationError(f"controller='pid': {e}") from None
+        for gain, value in gains.items():
             if out.get(gain) is None:
                 out[gain] = value
     if name == "proportional" and out.get("horizon", "auto") == "auto":

@@ -62,7 +62,8 @@ def loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, e
     """
     n = logp.shape[-1]
     inv_n = np.float32(1.0 / n)
-    a = normalize_advantage(adv) if loss.normalize_advantage == "minibatch" else adv
+    a = (normalize_advantage(adv, rows=adv.ndim == 2) if loss.normalize_advantage == "minibatch"
+         else adv)
     log_w = logp - logp_old
     w = np.exp(log_w)
     form = loss.policy.closed_form(w, a, w * a, logp, log_w, kl, beta)
