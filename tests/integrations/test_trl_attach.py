@@ -51,7 +51,9 @@ def test_beta_zero_at_construction_is_refused(lm_dir, tmp_path):
 
 def test_a_controller_starting_elsewhere_or_able_to_reach_zero_is_refused(grpo):
     _refused(grpo, r"controller beta=0.2 but GRPOTrainer.beta=0.1", beta=0.2, **OK)
-    _refused(grpo, r"beta_min=0.0: must be > 0", target=0.5)
+    _refused(grpo, r"beta_min=0.0: must be > 0", target=0.5, beta_min=0.0)
+    with pytest.raises(TRLIntegrationError, match=r"beta_min=0.0: must be > 0"):
+        attach(grpo, make_controller("pid", beta=0.1, target=0.5), unit="per_token_mean")
     with pytest.raises(TRLIntegrationError, match="given with a controller object"):
         attach(grpo, make_controller("fixed", beta=0.1), unit="per_token_mean", target=1.0)
     _refused(grpo, "controller='nope'", controller="nope")

@@ -169,6 +169,17 @@ def test_the_pid_rule_built_by_name_is_not_held(lm_dir, tmp_path):
     assert cb.controller.value < trainer.args.beta
 
 
+@pytest.mark.parametrize("rule", ["pid", "proportional"])
+def test_the_readme_s_attach_works_as_written(lm_dir, tmp_path, rule):
+    """``attach(trainer, RULE, unit=..., target=...)``: a rule built by name gets beta_min 1e-4
+    (beta 0 would drop TRL's KL for good); an explicit 0 is refused in one line."""
+    trainer = make_trainer("grpo", lm_dir, tmp_path, max_steps=12)
+    assert attach(trainer, rule, unit="per_token_mean", target=0.05).controller.beta_min == 1e-4
+    with pytest.raises(TRLIntegrationError, match="beta_min=0.0: must be > 0"):
+        attach(make_trainer("grpo", lm_dir, tmp_path / "b", max_steps=12), rule,
+               unit="per_token_mean", target=0.05, beta_min=0.0)
+
+
 def test_the_pid_rule_built_by_name_takes_gains_relative_to_its_target(lm_dir, tmp_path):
     """kp = 1 / target, ki = 0.15 / target (beta per nat), kd = 0; given gains are kept."""
     trainer = make_trainer("grpo", lm_dir, tmp_path, max_steps=12)

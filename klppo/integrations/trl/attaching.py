@@ -43,7 +43,8 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
             to the trainer's). Its target is in ``unit``, nats of KL(policy || reference). A
             controller built by name but ``pid`` holds beta until the KL first reaches the
             target (``hold=True``; pass ``hold=False`` to feed it the ramp from 0, or
-            ``hold_limit=N`` to release it after N updates whatever the KL); ``pid`` gets the
+            ``hold_limit=N`` to release it after N updates whatever the KL), ``beta_min``
+            defaults to 1e-4 (TRL drops the KL at beta 0); ``pid`` gets the
             gains not given from :func:`~klppo.core.controllers.relative_pid_gains` (``kp =
             1 / target``, ``ki = 0.15 / target``: what held SmolLM2 in GRPO), and
             ``proportional`` without a ``horizon`` (or ``horizon="auto"``) gets one derived from
@@ -89,6 +90,9 @@ def attach(trainer: Any, controller: KLController | str, *, unit: str | None = N
     return cb
 
 
+#: the floor of a controller built by name without ``beta_min``
+DEFAULT_BETA_MIN = 1e-4
+
 #: PIDKL's own default target (the gains of a pid built without one are relative to it)
 _PID_TARGET = inspect.signature(PIDKL).parameters["target"].default
 
@@ -103,6 +107,8 @@ def _string_defaults(name: str, options: dict[str, Any]) -> dict[str, Any]:
     with ``horizon="auto"``, gets one derived from the run's length and batch when training
     starts (:func:`~klppo.core.controllers.run_horizon`; 10000 until then)."""
     out = dict(options)
+    if name != "fixed" and out.get("beta_min") is None:
+        out["beta_min"] = DEFAULT_BETA_MIN  # at beta 0 TRL drops the KL: beta could not come back
     if name not in ("fixed", "pid") and out.get("target") is not None:
         out.setdefault("hold", True)
     if name == "pid" and out.get("hold_limit") is not None:
