@@ -44,7 +44,7 @@ def rows_key(loss: PPOLoss) -> tuple[Any, ...] | None:
 
 
 def loss_grads(loss: PPOLoss, logp, logp_old, adv, value, returns, old_values, entropy, kl,
-               beta: float, weight=None):
+               beta: Any, weight=None):
     """Loss terms and d loss / d (logp_new, value, entropy, analytic KL) per sample.
 
     Inputs are float32 ``[n]``; ``weight`` (None: 1) multiplies each sample's objective, as

@@ -17,14 +17,14 @@ stack of one.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from klppo.nn._rowops import row_cumsum
 from klppo.nn.numpy import NumpyRunner
 from klppo.nn.numpy.heads import HALF_LOG_2PI, log_softmax
-from klppo.rl.cartpole import physics_key, step_cartpoles
+from klppo.rl.cartpole import CartPoleSameStep, physics_key, step_cartpoles
 from klppo.rl.engine.norm import StackedStats, clip
 from klppo.rl.engine.rows import Stack
 from klppo.rl.envpool_backend import EnvPoolGroup, EnvPoolSlice
@@ -216,16 +216,7 @@ class StackedRollout:
             for r, k in rows.items():
                 obs, rew, term, trunc, info = res[k]
                 self._store(r, obs, rew, term, trunc, info, infos)
-        for rows in self.cartpoles:  # one array step for the CartPoles of several runs
-            rows = [r for r in rows if r in live]
-            if len(rows) < 2:
-                continue
-            try:
-                res = step_cartpoles([live[r].env for r in rows], [env_actions[r] for r in rows])
-            except Exception:  # noqa: BLE001 - each steps alone below (and fails alone)
-                continue
-            for r, (obs, rew, term, trunc, info) in zip(rows, res):
-                self._store(r, obs, rew, term, trunc, info, infos)
+        self._step_cartpoles(env_actions, live, infos)
         for r, c in list(live.items()):
             if r in infos:
                 continue
@@ -251,6 +242,22 @@ class StackedRollout:
         B["terminated"][:, t] = self.term
         B["truncated"][:, t] = self.trunc & ~self.term
         self.X[...] = self._prep_obs()
+
+    def _step_cartpoles(self, env_actions: np.ndarray, live: dict[int, Collector],
+                        infos: dict[int, Any]) -> None:
+        """One array step for the CartPoles of several runs (:func:`step_cartpoles`); a group
+        it refuses steps env by env after it (where a run's error ends that run alone)."""
+        for group in self.cartpoles:
+            rows = [r for r in group if r in live]
+            if len(rows) < 2:
+                continue
+            envs = [cast(CartPoleSameStep, live[r].env) for r in rows]
+            try:
+                res = step_cartpoles(envs, [env_actions[r] for r in rows])
+            except Exception:  # noqa: BLE001 - each steps alone (and fails alone)
+                continue
+            for r, (obs, rew, term, trunc, info) in zip(rows, res):
+                self._store(r, obs, rew, term, trunc, info, infos)
 
     def _store(self, r: int, obs: Any, rew: Any, term: Any, trunc: Any, info: Any,
                infos: dict[int, Any]) -> None:

@@ -219,8 +219,9 @@ class NumpyStack:
                                None if g_kl is None else g_kl.reshape(-1)).reshape(F, n, -1)
         else:
             s, e = self.layout.log_std
-            head = Gaussian(W[sel, s:e][:, None], np.zeros((F, 1, e - s), np.float32))
-            logp, entropy, kl, backward = head.step(o, acts, params)
+            g_log_std = np.zeros((F, 1, e - s), np.float32)
+            logp, entropy, kl, backward = Gaussian(W[sel, s:e][:, None], g_log_std).step(
+                o, acts, params)
         beta = np.array([betas[a] for a in family], np.float64)[:, None]
         terms, g_logp, gv, g_ent, g_kl, samples = loss_grads(
             loss, logp.astype(np.float32, copy=False), mb.logp[sel], mb.adv[sel], values[sel],
@@ -228,7 +229,7 @@ class NumpyStack:
             None if mb.weight is None else mb.weight[sel])
         g_out[sel] = backward(g_logp, g_ent, g_kl)
         if self.layout.log_std is not None:
-            G[sel, s:e] = head.g_log_std[:, 0]
+            G[sel, s:e] = g_log_std[:, 0]
         g_val[sel, :, 0] = gv
         for i, a in enumerate(family):
             per_row[a] = (logp[i], entropy[i], kl[i], {k: float(v[i]) for k, v in terms.items()},
