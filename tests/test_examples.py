@@ -76,7 +76,7 @@ def test_trl_grpo_adaptive_kl_tiny_writes_the_rlhf_report(tmp_path, capsys):
     import importlib.util
     import sys
 
-    from klppo.core.controllers import make_controller, run_horizon
+    from klppo.core.controllers import make_controller, relative_pid_gains
     from klppo.runs.metrics import read_metrics
 
     spec = importlib.util.spec_from_file_location("trl_grpo", EXAMPLES / "trl_grpo_adaptive_kl.py")
@@ -93,11 +93,12 @@ def test_trl_grpo_adaptive_kl_tiny_writes_the_rlhf_report(tmp_path, capsys):
         assert bad == 0 and [r["iteration"] for r in recs] == list(range(1, s.steps + 1))
         assert [r["iteration"] for r in recs if "held_out_perplexity" in r] == [1, 24]
         assert all(len(r["samples"]) == 4 for r in recs if "samples" in r)
-        # the adaptive arms: the rule with the horizon derived from the run, holding beta until
-        # the KL first reaches the target
+        # the adaptive arms: the PID rule with gains relative to the target, no hold (the
+        # example's default), replayed from its formula on the logged KLs
+        assert s.controller == "pid"
         ctrl = make_controller("fixed", beta=beta) if arm.startswith("fixed") else \
-            make_controller(s.controller, beta=beta, target=s.target, beta_min=1e-4,
-                            horizon=run_horizon(s.steps, n), hold=True)
+            make_controller("pid", beta=beta, target=s.target, beta_min=1e-4,
+                            **relative_pid_gains(s.target))
         for r in recs:
             assert r["beta"] == ctrl.value and r["kl_unit"] == s.unit
             ctrl.update(r["kl"], n_steps=n)
