@@ -110,6 +110,13 @@ class RLHFConfig:
     """with hold: the most iterations beta is held (None: until the KL reaches the target). A
     start beta strong enough to keep the KL below the target is then released, and the rule
     lowers it"""
+    kp: float | None = field(default=None, metadata=at_least(0, integer=False))
+    """pid: proportional gain in beta per nat of KL (None: 1 / target,
+    klppo.core.controllers.relative_pid_gains)"""
+    ki: float | None = field(default=None, metadata=at_least(0, integer=False))
+    """pid: integral gain in beta per nat per iteration (None: 0.15 / target)"""
+    kd: float | None = field(default=None, metadata=at_least(0, integer=False))
+    """pid: derivative gain in beta per nat (None: 0)"""
     beta_min: Annotated[float, _flag("kl.beta-min", "beta_min")] = field(
         default=0.0, metadata=at_least(0, integer=False))
     """lower bound on beta"""
@@ -269,6 +276,24 @@ def kl_gradient_combination(c: RLHFConfig) -> Combination:
             gran = "token"
         return Combination(est, place, gran, corr, c.response_len)
     return Combination(c.kl_estimator, "reward", "token", "on_policy", c.response_len)
+
+
+def controller_options(c: RLHFConfig) -> dict[str, Any]:
+    """The options :func:`~klppo.core.controllers.make_controller` gets for ``c.controller``:
+    the bounds, the hold, the proportional rule's horizon, the PID gains (those not given:
+    :func:`~klppo.core.controllers.relative_pid_gains` of the target)."""
+    from klppo.core.controllers import relative_pid_gains
+
+    out: dict[str, Any] = dict(beta=c.beta, target=c.target, beta_min=c.beta_min,
+                               beta_max=c.beta_max, hold=c.hold, hold_limit=c.hold_limit)
+    if c.controller == "proportional":
+        out["horizon"] = c.effective_horizon
+    if c.controller == "pid":
+        assert c.target is not None  # validate_rlhf: pid needs a target
+        given = {"kp": c.kp, "ki": c.ki, "kd": c.kd}
+        out |= {k: v if given[k] is None else given[k]
+                for k, v in relative_pid_gains(c.target).items()}
+    return out
 
 
 def kl_loss_form(c: RLHFConfig) -> str:

@@ -57,6 +57,9 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
         raise _bad("hold", c.hold, "holds beta until the KL reaches the target: set a target")
     if c.hold_limit is not None and not c.hold:
         raise _bad("hold_limit", c.hold_limit, "bounds a hold: set hold")
+    for gain in ("kp", "ki", "kd"):
+        if getattr(c, gain) is not None and c.controller != "pid":
+            raise _bad(gain, getattr(c, gain), "a gain of the pid controller: set controller=pid")
     _check_mismatch(c)
     if c.kl_loss is not None and c.kl_placement != "loss":
         raise _bad("kl_loss", c.kl_loss, "only kl_placement=loss reads it")

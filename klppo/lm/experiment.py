@@ -35,7 +35,7 @@ from klppo.core.loss import PPOLoss
 from klppo.core.mismatch import mismatch_stats, mismatch_weights
 from klppo.core.monitor import KLMonitor
 from klppo.core.sequence_objectives import Segments
-from klppo.lm.config import ConfigError, RLHFConfig, kl_loss_form
+from klppo.lm.config import ConfigError, RLHFConfig, controller_options, kl_loss_form
 from klppo.lm.config_checks import objective_knobs, validate_rlhf
 from klppo.lm.model import (
     PolicyWithValue,
@@ -94,11 +94,7 @@ class Experiment:
         self.reward = reward or make_reward(cfg.reward)
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.lr, eps=1e-5)
         try:
-            self.ctrl = make_controller(cfg.controller, beta=cfg.beta, target=cfg.target,
-                                        beta_min=cfg.beta_min, beta_max=cfg.beta_max,
-                                        hold=cfg.hold, hold_limit=cfg.hold_limit,
-                                        **({"horizon": cfg.effective_horizon}
-                                           if cfg.controller == "proportional" else {}))
+            self.ctrl = make_controller(cfg.controller, **controller_options(cfg))
         except ValueError as e:
             raise ConfigError(f"controller={cfg.controller!r}: {e}") from None
         self.loss = PPOLoss(cfg.objective, eps=cfg.eps, eps_low=cfg.eps_low,
@@ -294,30 +290,36 @@ class Experiment:
                 "mismatch": mismatch_stats(log_ratio, b["mask"], w)}
 
     def warn_held(self, it: int) -> None:
-        """Say once, when ``RUN_HORIZON_FRACTION`` of the run has passed with beta held (the KL
-        has not reached the target), that the start beta may be too strong for it to get
-        there."""
-        c = self.cfg
-        if (c.hold and c.hold_limit is None and c.controller != "fixed"
-                and not self.ctrl.reached
-                and it == math.floor(RUN_HORIZON_FRACTION * c.iterations) + 1):
-            log.warning("iteration %d: beta is still held at %g: the KL (%s) has not reached "
-                        "its target %g in %d%% of the run; a beta this strong may never let it "
-                        "(start lower, set hold_limit, or run without hold)", it,
-                        self.ctrl.value, c.kl_unit,
-                        c.target, round(100 * RUN_HORIZON_FRACTION))
+        """Say once, ``RUN_HORIZON_FRACTION`` into a run whose KL has never reached the target,
+        that the start beta (held or not) may be too strong for it to get there."""
+        c, ctrl = self.cfg, self.ctrl
+        if (c.controller == "fixed" or c.target is None or ctrl.reached
+                or it != math.floor(RUN_HORIZON_FRACTION * c.iterations) + 1):
+            return
+        held = ctrl.info is not None and ctrl.info.held
+        if held and c.hold_limit is not None:
+            return  # the limit releases it
+        log.warning("iteration %d: beta %s %g: the KL (%s) has not reached its target %g in "
+                    "%d%% of the run; a beta this strong may never let it (start lower%s)", it,
+                    "is still held at" if held else "is", ctrl.value, c.kl_unit, c.target,
+                    round(100 * RUN_HORIZON_FRACTION),
+                    ", set hold_limit, or run without hold" if held else "")
 
     def warn_bound(self, it: int) -> None:
         """Say once when the rule first asks for a beta past ``beta_max`` / ``beta_min`` (the
         target is out of reach within the bounds; the metrics' at_bound column has each
-        iteration)."""
+        iteration); not for ``beta_min`` before the KL first reaches the target (it starts at
+        0: a rule without a hold lowers beta while the KL ramps up, as it should)."""
         info = self.ctrl.info
-        if info is not None and info.at_bound and not self._bound_warned:
-            self._bound_warned = True
-            log.warning("iteration %d: the %s rule asks for a beta past %s = %g: the KL target "
-                        "%g (%s) is out of reach within the bounds (KL %.4g)", it,
-                        self.cfg.controller, info.at_bound, getattr(self.cfg, info.at_bound),
-                        self.cfg.target, self.cfg.kl_unit, info.observed)
+        if info is None or not info.at_bound or self._bound_warned:
+            return
+        if info.at_bound == "beta_min" and not self.ctrl.reached:
+            return
+        self._bound_warned = True
+        log.warning("iteration %d: the %s rule asks for a beta past %s = %g: the KL target "
+                    "%g (%s) is out of reach within the bounds (KL %.4g)", it,
+                    self.cfg.controller, info.at_bound, getattr(self.cfg, info.at_bound),
+                    self.cfg.target, self.cfg.kl_unit, info.observed)
 
     def metrics(self, it: int, beta: float, measured: float, b: dict[str, Any],
                 responses: torch.Tensor) -> dict[str, Any]:

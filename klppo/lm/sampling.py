@@ -14,8 +14,8 @@ def generate(model, prompts: torch.Tensor, response_len: int,
     """Sample ``response_len`` tokens after each prompt, reusing the KV cache.
 
     Args:
-        model: a Hugging Face causal LM (anything returning ``.logits`` and
-            ``.past_key_values``).
+        model: a Hugging Face causal LM (anything returning ``.logits`` and its KV cache as
+            ``.cache``, transformers 5.2x, or ``.past_key_values``, earlier).
         prompts: ``[B, P]`` token ids (same length, no padding).
         response_len: tokens to sample per prompt.
         generator: torch generator for the draws (reproducible sampling).
@@ -28,7 +28,8 @@ def generate(model, prompts: torch.Tensor, response_len: int,
     if response_len < 1:
         raise ValueError(f"response_len must be >= 1, got response_len={response_len!r}")
     out = model(input_ids=prompts, use_cache=True)
-    past = out.past_key_values
+    name = "cache" if "cache" in getattr(out, "__dataclass_fields__", {}) else "past_key_values"
+    past = getattr(out, name)
     logits = out.logits[:, -1]
     tokens, logps = [], []
     for t in range(response_len):
@@ -37,8 +38,8 @@ def generate(model, prompts: torch.Tensor, response_len: int,
         tokens.append(nxt)
         logps.append(logp_all.gather(-1, nxt))
         if t + 1 < response_len:
-            out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-            past = out.past_key_values
+            out = model(input_ids=nxt, use_cache=True, **{name: past})
+            past = getattr(out, name)
             logits = out.logits[:, -1]
     return torch.cat(tokens, 1), torch.cat(logps, 1)
 

@@ -248,15 +248,54 @@ def test_hold_needs_a_target():
         validate_rlhf(RLHFConfig(hold=True, target=None))
 
 
-def test_a_rule_pushing_beta_past_its_bound_says_so_once(tiny_model_dir, tmp_path, caplog):
-    # a target of 100 nats and beta_min = beta: the rule asks for less every iteration
-    cfg = RLHFConfig(model=str(tiny_model_dir), out=str(tmp_path / "run"), iterations=3,
-                     batch_size=4, minibatch_size=2, prompt_len=6, response_len=5,
-                     eval_every=3, eval_windows=2, beta=0.1, beta_min=0.1, target=100.0,
-                     ppo_epochs=1)
+def _bound_run(tiny_model_dir, path, caplog, **kw):
+    cfg = RLHFConfig(model=str(tiny_model_dir), out=str(path), batch_size=4, minibatch_size=2,
+                     prompt_len=6, response_len=5, eval_windows=2, ppo_epochs=1,
+                     **{"beta": 0.1, **kw})
     with caplog.at_level("WARNING", logger="klppo.lm.experiment"):
-        res = rlhf(cfg, reward=lambda p, r: [0.0 for _ in r])
-    recs = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["at_bound"] for r in recs] == ["beta_min"] * 3
+        res = rlhf(cfg, reward=lambda p, r: [float(i % 2) for i in range(len(r))])
+    return [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_rule_pushing_beta_past_its_bound_says_so_once(tiny_model_dir, tmp_path, caplog):
+    # a target of 1e-9 nats, reached once the policy moves, and beta_max = beta held until
+    # then: the rule asks for more when the KL is above it
+    recs = _bound_run(tiny_model_dir, tmp_path / "run", caplog, iterations=4, eval_every=4,
+                      beta_max=0.1, target=1e-9, hold=True)
+    assert "beta_max" in [r["at_bound"] for r in recs]
     bound = [m for m in caplog.messages if "out of reach" in m]
-    assert len(bound) == 1 and "beta past beta_min = 0.1" in bound[0]
+    assert len(bound) == 1 and "beta past beta_max = 0.1" in bound[0]
+
+
+def test_beta_at_its_floor_while_the_kl_ramps_up_is_not_out_of_reach(
+        tiny_model_dir, tmp_path, caplog):
+    # a target of 100 nats and beta_min = beta: the rule asks for less every iteration, as it
+    # should while the KL has not reached its target; one warning at a quarter of the run says
+    # the target has not been reached, none calls it out of reach
+    recs = _bound_run(tiny_model_dir, tmp_path / "run", caplog, iterations=4, eval_every=4,
+                      beta_min=0.1, target=100.0)
+    assert [r["at_bound"] for r in recs] == ["beta_min"] * 4
+    assert not [m for m in caplog.messages if "out of reach" in m]
+    late = [m for m in caplog.messages if "has not reached" in m]
+    assert len(late) == 1 and late[0].startswith("iteration 2: beta is 0.1: ")
+
+
+def test_pid_without_gains_runs_on_the_relative_gains_of_its_target(tiny_model_dir, tmp_path,
+                                                                     caplog):
+    # the run's betas replayed from its own KLs by PIDKL with relative_pid_gains(target)
+    from klppo.core.controllers import PIDKL, relative_pid_gains
+
+    recs = _bound_run(tiny_model_dir, tmp_path / "run", caplog, iterations=4, eval_every=4,
+                      controller="pid", beta=0.5, target=0.002)
+    ref = PIDKL(beta=0.5, target=0.002, **relative_pid_gains(0.002))
+    assert [r["beta_after"] for r in recs] == [ref.update(r["kl"]) for r in recs]
+    assert len({r["beta_after"] for r in recs}) > 1
+
+
+def test_the_pid_gains_of_an_rlhf_config():
+    from klppo.lm.config import controller_options
+
+    opts = controller_options(validate_rlhf(RLHFConfig(controller="pid", target=4.0, ki=0.5)))
+    assert (opts["kp"], opts["ki"], opts["kd"]) == (0.25, 0.5, 0.0)
+    with pytest.raises(ConfigError, match=r"^kp=1.0: a gain of the pid controller"):
+        validate_rlhf(RLHFConfig(controller="proportional", kp=1.0))
