@@ -205,12 +205,16 @@ class Learner:
         return batch.advantages
 
     def update_metrics(self, batch: Batch, steps: list[StepResult], sched: Schedule,
-                       epochs: int) -> UpdateResult:
+                       epochs: int, diagnostics: dict[str, float] | None = None) -> UpdateResult:
         """The update's metrics (diagnostics, early stop, steps, the actuator's and the band
-        controller's) and controller records."""
+        controller's) and controller records; ``diagnostics``: this update's
+        :meth:`diagnostics` where they were computed with other rows'
+        (:func:`diagnostics_rows`)."""
         p, B = self.cfg.ppo, len(batch)
-        with validation(False):
-            metrics = self.diagnostics(batch, steps)
+        if diagnostics is None:
+            with validation(False):
+                diagnostics = self.diagnostics(batch, steps)
+        metrics = dict(diagnostics)
         planned = p.update_epochs * -(-B // p.minibatch_size)
         metrics.update(early_stop=float(sched.early_stopped), epochs=float(epochs),
                        minibatch_steps=float(len(steps)), update_fraction=len(steps) / planned)
@@ -236,34 +240,71 @@ class Learner:
         self.entropy.load_state_dict(state)
         self.loss.ent_coef = self.entropy.value
 
+    @property
+    def row_band(self) -> tuple[Any, ...] | None:
+        """The band the diagnostics read, when one for every sample (no clip actuator, no
+        band controller): rows with the same one compute them together
+        (:func:`diagnostics_rows`); None: a band per step, this row alone."""
+        if (self.actuation is not None and self.actuation.knob == "clip") or self.band:
+            return None
+        b = self.loss.policy.band
+        return (b.eps, b.eps_low, b.eps_high) if b.is_scalar else None
+
     @torch.no_grad()
     def diagnostics(self, batch: Batch, steps: list[StepResult]) -> dict[str, float]:
         """The policy diagnostics (docs/metrics.md) over every sample of every minibatch step."""
         if not steps:
             return {}
-        cat = {k: _concat([getattr(r, k) for r in steps]) for k in _KEEP}
-        for k in steps[0].terms:
-            cat[k] = _concat([r.terms[k] for r in steps])
+        cat, s = step_parts(steps)
         if not bool(torch.isfinite(cat["loss"]).all()):
-            raise FloatingPointError("the PPO loss became non-finite during the update")
-        # the objective and value loss were evaluated once, in the steps: read what they used
-        s = {k: _concat([r.samples[k] for r in steps]) for k in steps[0].samples}
+            raise FloatingPointError(NON_FINITE)
         policy = self.loss.policy
         if self.actuation is not None and self.actuation.knob == "clip":
             policy = _per_sample_band(policy, steps, eps=self.actuation.used)
         if self.band is not None:
             policy = _per_sample_band(policy, steps, edges=self.band.used)
         band = policy.band
-        d = policy_diagnostics(cat["logp"], batch.logp[cat["idx"]], s["advantage"], band.eps,
-                               band.eps_low, band.eps_high, s.get("beta_t"), s["ratio"])
-        d.update(value_loss=s["value_loss"].mean(),
-                 value_clip_fraction=s["value_clipped"].float().mean(),
-                 entropy=cat["entropy"].mean(), kl_analytic=cat["kl"].mean(),
-                 grad_norm=cat["grad_norm"].mean())
-        for k in ("loss", "loss_objective", "loss_critic", "loss_entropy", "kl_penalty"):
-            if k in cat:
-                d[k] = cat[k].mean()
+        d = diagnostic_stats((band.eps, band.eps_low, band.eps_high), cat, s,
+                             batch.logp[cat["idx"]])
         return {k: float(v) for k, v in d.items()}
+
+
+NON_FINITE = "the PPO loss became non-finite during the update"
+
+
+def step_parts(steps: list[StepResult], rows: int = 1
+               ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The steps' outputs and loss terms (``cat``) and the per-sample quantities the loss used
+    (``s``), each concatenated over the steps; ``steps`` of ``rows`` rows one after another
+    (each with as many steps): ``[rows, N]`` each."""
+    def one(parts: list) -> torch.Tensor:
+        x = _concat(parts)
+        return x if rows == 1 else x.reshape(rows, -1)
+
+    first = steps[0]
+    cat = {k: one([getattr(r, k) for r in steps]) for k in _KEEP}
+    cat.update({k: one([r.terms[k] for r in steps]) for k in first.terms})
+    return cat, {k: one([r.samples[k] for r in steps]) for k in first.samples}
+
+
+def diagnostic_stats(band: tuple[Any, ...], cat: dict[str, torch.Tensor],
+                     s: dict[str, torch.Tensor], logp_old: torch.Tensor
+                     ) -> dict[str, torch.Tensor]:
+    """The diagnostics of :func:`step_parts` (``[N]``: 0-d each; ``[A, N]``: each row's
+    ``[A]``, the numbers of the row alone), with the band ``(eps, eps_low, eps_high)``."""
+    rows = cat["logp"].dim() == 2
+    dim = -1 if rows else None
+    eps, eps_low, eps_high = band
+    d = policy_diagnostics(cat["logp"], logp_old, s["advantage"], eps, eps_low, eps_high,
+                           s.get("beta_t"), s["ratio"], rows=rows)
+    d.update(value_loss=s["value_loss"].mean(dim),
+             value_clip_fraction=s["value_clipped"].float().mean(dim),
+             entropy=cat["entropy"].mean(dim), kl_analytic=cat["kl"].mean(dim),
+             grad_norm=cat["grad_norm"].mean(dim))
+    for k in ("loss", "loss_objective", "loss_critic", "loss_entropy", "kl_penalty"):
+        if k in cat:
+            d[k] = cat[k].mean(dim)
+    return d
 
 
 def _per_sample_band(policy: Any, steps: list[StepResult], eps: list[float] | None = None,

@@ -13,6 +13,7 @@ subset). A plain run is a stack of one: the same loop, ``R = 1``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,9 +22,17 @@ from klppo.core._checks import validation
 from klppo.nn.numpy import mlp
 from klppo.nn.step import StepResult
 from klppo.rl.engine.rows import Minibatch, Stack
-from klppo.rl.update import Batch, Learner, Schedule, UpdateResult
+from klppo.rl.update import (
+    NON_FINITE,
+    Batch,
+    Learner,
+    Schedule,
+    UpdateResult,
+    diagnostic_stats,
+    step_parts,
+)
 
-__all__ = ["RunUpdate", "Rollouts", "update_rows", "policy_kls"]
+__all__ = ["RunUpdate", "Rollouts", "update_rows", "policy_kls", "diagnostics_rows"]
 
 
 @dataclass
@@ -82,8 +91,9 @@ class RunUpdate:
         elif self.sched.after_epoch(self.steps[-1], self.batch):
             self.done = True
 
-    def result(self) -> UpdateResult:
-        return self.learner.update_metrics(self.batch, self.steps, self.sched, self.epochs)
+    def result(self, diagnostics: dict[str, float] | None = None) -> UpdateResult:
+        return self.learner.update_metrics(self.batch, self.steps, self.sched, self.epochs,
+                                           diagnostics)
 
 
 class Rollouts:
@@ -163,12 +173,45 @@ def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
                 _step(stack, stepping, rollouts, ws)
             for u in active:
                 u.end_epoch()
+    diags = diagnostics_rows(updates)
     out: list[UpdateResult | BaseException] = []
     for u in updates:
         try:
-            out.append(u.result())
+            d = diags.get(u.row)
+            if isinstance(d, FloatingPointError):
+                raise d
+            out.append(u.result(d))
         except (FloatingPointError, ValueError) as e:  # this row's loss became non-finite
             out.append(e)
+    return out
+
+
+def diagnostics_rows(updates: list[RunUpdate]) -> dict[int, dict[str, float] | FloatingPointError]:
+    """The diagnostics of the rows that share a band and a number of samples and of loss terms,
+    computed as one ``[A, N]`` computation per such family (each row's numbers are those it
+    computes alone, ``tests/rl/test_engine.py``): stack row -> its diagnostics, or the error
+    of a row whose loss became non-finite. A row in no family is left to itself."""
+    families: dict[tuple[Any, ...], list[RunUpdate]] = {}
+    for u in updates:
+        band = u.learner.row_band
+        if band is not None and u.steps:
+            s0 = u.steps[0]
+            key = (band, sum(len(r.idx) for r in u.steps), len(u.steps), tuple(s0.terms),
+                   tuple(s0.samples))
+            families.setdefault(key, []).append(u)
+    out: dict[int, dict[str, float] | FloatingPointError] = {}
+    for (band, *_), fam in families.items():
+        if len(fam) == 1:
+            continue
+        with torch.no_grad(), validation(False):
+            cat, s = step_parts([r for u in fam for r in u.steps], rows=len(fam))
+            idx = cat["idx"]
+            logp_old = torch.stack([u.batch.logp[idx[a]] for a, u in enumerate(fam)])
+            ok = torch.isfinite(cat["loss"]).all(-1).tolist()
+            d = {k: v.tolist() for k, v in diagnostic_stats(band, cat, s, logp_old).items()}
+        for a, u in enumerate(fam):
+            out[u.row] = ({k: v[a] for k, v in d.items()} if ok[a]
+                          else FloatingPointError(NON_FINITE))
     return out
 
 
