@@ -57,13 +57,14 @@ def _pooled(live: dict[int, Collector]) -> dict[EnvPoolGroup, dict[int, int]]:
 
 def _cartpoles(live: dict[int, Collector]) -> list[list[int]]:
     """The rows whose CartPole envs step as one (:func:`~klppo.rl.cartpole.step_cartpoles`):
-    groups of two or more with equal physics."""
+    groups with equal physics (a group of one too: the array step skips the env's per-call
+    action check, which costs more than its physics)."""
     out: dict[Any, list[int]] = {}
     for r, c in live.items():
         key = physics_key(c.env)
         if key is not None:
             out.setdefault(key, []).append(r)
-    return [rows for rows in out.values() if len(rows) > 1]
+    return list(out.values())
 
 
 def _rng(c: Collector) -> np.random.Generator:
@@ -249,7 +250,7 @@ class StackedRollout:
         it refuses steps env by env after it (where a run's error ends that run alone)."""
         for group in self.cartpoles:
             rows = [r for r in group if r in live]
-            if len(rows) < 2:
+            if not rows:
                 continue
             envs = [cast(CartPoleSameStep, live[r].env) for r in rows]
             try:
