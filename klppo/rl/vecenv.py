@@ -24,6 +24,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from klppo.rl.mujoco_steps import fast_step
+
 __all__ = ["SameStepVecEnv", "RestoreReport", "generator_from_state"]
 
 #: the bit generators whose state a checkpoint may hold (a name from a file picks one of these)
@@ -63,6 +65,18 @@ def _bare(env: gym.Env) -> tuple[gym.Env, int | None] | None:
     return e, limit
 
 
+def _step_of(env: gym.Env) -> Callable[[Any], tuple[Any, SupportsFloat, bool, bool]]:
+    """``env.step`` less its info: :func:`klppo.rl.mujoco_steps.fast_step` where it serves."""
+    fast = fast_step(env)
+    if fast is not None:
+        return fast
+
+    def step(a: Any) -> tuple[Any, SupportsFloat, bool, bool]:
+        o, r, term, trunc, _ = env.step(a)
+        return o, r, term, trunc
+    return step
+
+
 class SameStepVecEnv:
     """``num_envs`` copies of one Gymnasium env stepped in this process, SAME_STEP autoreset.
 
@@ -79,6 +93,7 @@ class SameStepVecEnv:
         self.name = name
         self.num_envs = int(num_envs)
         self.envs, self.max_steps = self._make_all()
+        self._steps = [_step_of(e) for e in self.envs]
         first = self.envs[0]
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
@@ -105,7 +120,7 @@ class SameStepVecEnv:
         return envs, None
 
     def _step_one(self, i: int, a: Any) -> tuple[Any, SupportsFloat, bool, bool]:
-        o, r, term, trunc, _ = self.envs[i].step(a)
+        o, r, term, trunc = self._steps[i](a)
         if self.max_steps is not None:
             self._elapsed[i] += 1
             trunc = trunc or bool(self._elapsed[i] >= self.max_steps)
@@ -183,6 +198,7 @@ class SameStepVecEnv:
             return problems
         self.close()
         self.envs, self.max_steps = self._make_all()
+        self._steps = [_step_of(e) for e in self.envs]
         for i, ep in enumerate(state["episodes"]):
             problem = self._replay(i, ep["start"], ep["actions"], state["obs"][i])
             if problem:
