@@ -245,7 +245,8 @@ class Learner:
         """The band the diagnostics read, when one for every sample (no clip actuator, no
         band controller): rows with the same one compute them together
         (:func:`diagnostics_rows`); None: a band per step, this row alone."""
-        if (self.actuation is not None and self.actuation.knob == "clip") or self.band:
+        clip_actuated = self.actuation is not None and self.actuation.knob == "clip"
+        if clip_actuated or self.band is not None:
             return None
         b = self.loss.policy.band
         return (b.eps, b.eps_low, b.eps_high) if b.is_scalar else None
