@@ -110,12 +110,15 @@ class RLHFConfig:
     """with hold: the most iterations beta is held (None: until the KL reaches the target). A
     start beta strong enough to keep the KL below the target is then released, and the rule
     lowers it"""
-    kp: float | None = field(default=None, metadata=at_least(0, integer=False))
+    kp: Annotated[float | None, _flag("kl.kp", "kp")] = field(
+        default=None, metadata=at_least(0, integer=False))
     """pid: proportional gain in beta per nat of KL (None: 1 / target,
     klppo.core.controllers.relative_pid_gains)"""
-    ki: float | None = field(default=None, metadata=at_least(0, integer=False))
+    ki: Annotated[float | None, _flag("kl.ki", "ki")] = field(
+        default=None, metadata=at_least(0, integer=False))
     """pid: integral gain in beta per nat per iteration (None: 0.15 / target)"""
-    kd: float | None = field(default=None, metadata=at_least(0, integer=False))
+    kd: Annotated[float | None, _flag("kl.kd", "kd")] = field(
+        default=None, metadata=at_least(0, integer=False))
     """pid: derivative gain in beta per nat (None: 0)"""
     beta_min: Annotated[float, _flag("kl.beta-min", "beta_min")] = field(
         default=0.0, metadata=at_least(0, integer=False))
