@@ -65,8 +65,9 @@ class Band:
 
     @property
     def is_scalar(self) -> bool:
-        return not any(isinstance(e, torch.Tensor) for e in (self.eps, self.eps_low,
-                                                              self.eps_high))
+        T = torch.Tensor  # (no generator: this is read per row on every minibatch step)
+        return not (isinstance(self.eps, T) or isinstance(self.eps_low, T)
+                    or isinstance(self.eps_high, T))
 
 
 @dataclass(frozen=True)

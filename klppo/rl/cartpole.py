@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode
 
 from klppo.rl.vecenv import RestoreReport, generator_from_state
 
-__all__ = ["CartPoleSameStep", "physics_key", "step_cartpoles"]
+__all__ = ["CartPoleSameStep", "physics_key", "step_cartpoles", "step_cartpoles_flat"]
 
 #: the settings of gymnasium's ``CartPoleVectorEnv`` its step reads (the physics, the limits)
 _SETTINGS = ("gravity", "masscart", "masspole", "total_mass", "length", "polemass_length",
@@ -46,21 +46,12 @@ class CartPoleSameStep(gym.vector.VectorWrapper):
         return self.same_step(*self.env.step(actions))
 
     def same_step(self, obs, rew, term, trunc, info):
-        """The SAME_STEP autoreset after the vector env's own step (or :func:`step_cartpoles`'):
-        finished sub-environments reset now, their last observation in ``info``."""
+        """The SAME_STEP autoreset after the vector env's own step: finished sub-environments
+        reset now, their last observation in ``info``."""
         done = term | trunc
         if done.any():
-            base: Any = self.env.unwrapped  # gymnasium's CartPoleVectorEnv
-            final = np.empty(self.num_envs, dtype=object)
-            for i in np.flatnonzero(done):
-                final[i] = obs[i].copy()
-            k = int(done.sum())
-            base.state[:, done] = base.np_random.uniform(low=base.low, high=base.high, size=(4, k))
-            base.steps[done] = 0
-            base.prev_done[:] = False
             obs = obs.copy()
-            obs[done] = base.state[:, done].T.astype(np.float32)
-            info = {**info, "final_obs": final, "_final_obs": done.copy()}
+            info = {**info, **_same_step_reset(self.env.unwrapped, obs, done)}
         return obs, rew, term, trunc, info
 
     def state_dict(self) -> dict[str, Any]:
@@ -103,19 +94,61 @@ def step_cartpoles(envs: list[CartPoleSameStep], actions: list[np.ndarray]
                    ) -> list[tuple[Any, ...]]:
     """One step of every env of ``envs`` (equal :func:`physics_key`), ``actions[k]`` for
     ``envs[k]``: per env ``(obs, rewards, terminated, truncated, info)`` as its own
-    :meth:`CartPoleSameStep.step` returns them. Actions that are not 0 or 1 raise before any env
-    moves (as the env's own action check does); the engine then steps each env alone, so that a
-    run whose actions are bad fails alone."""
+    :meth:`CartPoleSameStep.step` returns them (:func:`step_cartpoles_flat`, split per env)."""
     for env, act in zip(envs, actions):
         if np.shape(act) != (env.num_envs,):
             raise ValueError(f"CartPole: actions of shape {np.shape(act)} for {env.num_envs} envs")
-    a = np.concatenate(actions)
+    obs, rew, term, trunc, infos = step_cartpoles_flat(envs, np.concatenate(actions))
+    out, at = [], 0
+    for env, info in zip(envs, infos):
+        s = slice(at, at + env.num_envs)
+        at = s.stop
+        out.append((obs[s], rew[s], term[s], trunc[s], info))
+    return out
+
+
+def step_cartpoles_flat(envs: list[CartPoleSameStep], a: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+    """One step of every env of ``envs`` (equal :func:`physics_key`) with ``a``, their actions
+    one env after another: ``(obs, rewards, terminated, truncated)`` of all their sub-envs in
+    that order (``[sum N, 4]`` float32, ``[sum N]``) and each env's ``info``, the numbers of each
+    env's own :meth:`CartPoleSameStep.step`. Actions that are not 0 or 1 raise before any env
+    moves (as the env's own action check does); the engine then steps each env alone, so that a
+    run whose actions are bad fails alone."""
+    bases: list[Any] = [e.env.unwrapped for e in envs]
+    sizes = [base.num_envs for base in bases]
+    if a.shape != (sum(sizes),):
+        raise ValueError(f"CartPole: actions of shape {a.shape} for {sum(sizes)} envs")
     if a.dtype.kind not in "iub" or not ((a == 0) | (a == 1)).all():
         raise ValueError(f"CartPole: actions must be 0 or 1, got {short(a)}")
-    bases: list[Any] = [e.env.unwrapped for e in envs]
-    b = bases[0]
+    state, reward, term, trunc, steps = _physics(bases[0], a, bases)
+    starts = np.cumsum([0, *sizes[:-1]])
+    slices = [slice(int(i), int(i) + n) for i, n in zip(starts, sizes)]
+    for base, s in zip(bases, slices):
+        base.state, base.steps = state[:, s], steps[s]
+    prev = np.concatenate([base.prev_done for base in bases])
+    if prev.any():  # each env's own NEXT_STEP reset of envs that ended at the last step
+        for base, s in zip(bases, slices):
+            p = base.prev_done
+            if p.any():
+                base.state[:, p] = base.np_random.uniform(low=base.low, high=base.high,
+                                                          size=(4, p.sum()))
+                base.steps[p], reward[s][p], term[s][p], trunc[s][p] = 0, 0.0, False, False
+                base.prev_done = np.zeros_like(p)  # (the same step's reset leaves it so)
+    obs = state.T.astype(np.float32)
+    done = term | trunc
+    infos: list[dict] = [{} for _ in bases]
+    if done.any():
+        for k in np.flatnonzero(np.logical_or.reduceat(done, starts)):
+            infos[k] = _same_step_reset(bases[k], obs[slices[k]], done[slices[k]])
+    return obs, reward, term, trunc, infos
+
+
+def _physics(b: Any, a: np.ndarray, bases: list[Any]) -> tuple[np.ndarray, ...]:
+    """gymnasium's ``CartPoleVectorEnv.step`` (classic_control/cartpole.py) on the states of
+    ``bases`` side by side, with ``b``'s settings: the new ``state [4, sum N]``, rewards,
+    terminations, truncations and step counters."""
     x, x_dot, theta, theta_dot = np.concatenate([e.state for e in bases], 1)
-    # gymnasium's CartPoleVectorEnv.step (classic_control/cartpole.py), on every env at once
     force = np.sign(a - 0.5) * b.force_mag
     costheta, sintheta = np.cos(theta), np.sin(theta)
     temp = (force + b.polemass_length * np.square(theta_dot) * sintheta) / b.total_mass
@@ -137,20 +170,21 @@ def step_cartpoles(envs: list[CartPoleSameStep], actions: list[np.ndarray]
     trunc = steps >= b.max_episode_steps
     reward = (-np.array(term, dtype=np.float32) if b._sutton_barto_reward
               else np.ones_like(term, dtype=np.float32))
-    out, at = [], 0
-    for env, base in zip(envs, bases):
-        s = slice(at, at + base.num_envs)
-        at = s.stop
-        base.state, base.steps = state[:, s], steps[s]
-        rew, te, tr = reward[s], term[s], trunc[s]
-        prev = base.prev_done
-        if prev.any():  # the env's own NEXT_STEP reset of envs that ended at the last step
-            base.state[:, prev] = base.np_random.uniform(low=base.low, high=base.high,
-                                                         size=(4, prev.sum()))
-            base.steps[prev], rew[prev], te[prev], tr[prev] = 0, 0.0, False, False
-        base.prev_done = te | tr
-        out.append(env.same_step(base.state.T.astype(np.float32), rew, te, tr, {}))
-    return out
+    return state, reward, term, trunc, steps
+
+
+def _same_step_reset(base: Any, obs: np.ndarray, done: np.ndarray) -> dict[str, Any]:
+    """:meth:`CartPoleSameStep.same_step`'s reset of the sub-envs ``done`` of one env, whose
+    observations ``obs`` (a view) get their new first states; the env's ``info``."""
+    final = np.empty(len(done), dtype=object)
+    for i in np.flatnonzero(done):
+        final[i] = obs[i].copy()
+    base.state[:, done] = base.np_random.uniform(low=base.low, high=base.high,
+                                                 size=(4, int(done.sum())))
+    base.steps[done] = 0
+    base.prev_done[:] = False
+    obs[done] = base.state[:, done].T.astype(np.float32)
+    return {"final_obs": final, "_final_obs": done.copy()}
 
 
 def short(a: np.ndarray) -> str:

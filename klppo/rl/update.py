@@ -124,6 +124,11 @@ class Schedule:
             self.early_stopped = True
         return self.early_stopped
 
+    @property
+    def acts_before_step(self) -> bool:
+        """Whether :meth:`before_step` does anything (an actuator or a band controller)."""
+        return self.actuation is not None or self.band is not None
+
     def before_step(self, idx: torch.Tensor) -> None:
         """The actuator's before-step update (rsl_rl's timing), if it has one, and the
         clip-bound controller's choice of this step's band."""

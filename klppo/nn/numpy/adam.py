@@ -11,6 +11,7 @@ below 1 (torch's ``clip_grad_norm_``), then Adam (Kingma & Ba 2015) exactly as
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ B1, B2 = 0.9, 0.999
 
 def _factors(lr: float, t: int, eps: float) -> tuple[np.float32, np.float32, np.float32]:
     """Step ``t``'s float32 factors: ``lr / (1 - b1^t)``, ``sqrt(1 - b2^t)`` and ``eps``."""
-    return (np.float32(lr / (1 - B1**t)), np.float32(np.sqrt(1 - B2**t)), np.float32(eps))
+    return (np.float32(lr / (1 - B1**t)), np.float32(math.sqrt(1 - B2**t)), np.float32(eps))
 
 
 def adam_update(params, g, m, v, t, denom, step, bias2, eps) -> None:
@@ -72,7 +73,7 @@ class NumpyAdam:
     def _clip(self, g: np.ndarray, r: int) -> float:
         """Clip row ``r``'s gradient ``g`` in place (clip_grad_norm_'s rule; a factor of 1
         would change no bit, so none is applied); its pre-clip norm."""
-        norm = float(np.sqrt(np.dot(g, g)))
+        norm = float(np.sqrt(np.dot(g, g)))  # (a float32 sqrt)
         coef = self.max_norm[r] / (norm + 1e-6)
         if coef < 1.0:
             g *= np.float32(coef)

@@ -24,7 +24,7 @@ import numpy as np
 from klppo.nn._rowops import row_cumsum
 from klppo.nn.numpy import NumpyRunner
 from klppo.nn.numpy.heads import HALF_LOG_2PI, log_softmax
-from klppo.rl.cartpole import CartPoleSameStep, physics_key, step_cartpoles
+from klppo.rl.cartpole import CartPoleSameStep, physics_key, step_cartpoles_flat
 from klppo.rl.engine.norm import StackedStats, clip
 from klppo.rl.engine.rows import Stack
 from klppo.rl.envpool_backend import EnvPoolGroup, EnvPoolSlice
@@ -56,7 +56,7 @@ def _pooled(live: dict[int, Collector]) -> dict[EnvPoolGroup, dict[int, int]]:
 
 
 def _cartpoles(live: dict[int, Collector]) -> list[list[int]]:
-    """The rows whose CartPole envs step as one (:func:`~klppo.rl.cartpole.step_cartpoles`):
+    """The rows whose CartPole envs step as one (:func:`~klppo.rl.cartpole.step_cartpoles_flat`):
     groups with equal physics (a group of one too: the array step skips the env's per-call
     action check, which costs more than its physics)."""
     out: dict[Any, list[int]] = {}
@@ -121,6 +121,8 @@ class StackedRollout:
                      len(c.env.single_observation_space.shape) == 1
                      for r, c in collectors.items()}
         self.draw = np.zeros((R, self.N, *(first.np["actions"].shape[2:] or (1,))), np.float32)
+        #: per live row of a rollout: its generator's draw and the part of ``draw`` it fills
+        self.draws: list[tuple[Any, np.ndarray]] = []
 
     def serves(self, collectors: dict[int, Collector]) -> bool:
         """Whether these are (some of) the collectors it was built for."""
@@ -131,6 +133,7 @@ class StackedRollout:
                 ) -> dict[int, EpisodeStats | BaseException]:
         live = dict(collectors)
         self._gather(live)
+        self.draws = []
         self.pooled, self.cartpoles = _pooled(live), _cartpoles(live)
         out: dict[int, EpisodeStats | BaseException] = {}
         for t in range(self.T):
@@ -174,9 +177,12 @@ class StackedRollout:
         """:meth:`klppo.nn.numpy.heads.Gaussian.act` / ``Categorical.act`` for every row at
         once, from one draw of each run's own generator."""
         B, draw = self.B, self.draw
+        if len(self.draws) != len(live):  # (live rows only leave during a rollout)
+            self.draws = [((_rng(c).standard_normal if self.box else _rng(c).random),
+                           draw[r] if self.box else draw[r, :, 0]) for r, c in live.items()]
+        for sample, into in self.draws:  # each run's own generator
+            sample(dtype=np.float32, out=into)
         if self.box:
-            for r, c in live.items():
-                _rng(c).standard_normal(dtype=np.float32, out=draw[r])
             assert self.stack.layout.log_std is not None  # a Box head's layout has its span
             s, e = self.stack.layout.log_std
             log_std = self.stack.W[:, None, s:e]
@@ -186,8 +192,6 @@ class StackedRollout:
             B["params"][:, t, :, :d], B["params"][:, t, :, d:] = out, log_std
             B["logp"][:, t] = (-0.5 * draw * draw - log_std - HALF_LOG_2PI).sum(-1)
             return action
-        for r, c in live.items():
-            _rng(c).random(dtype=np.float32, out=draw[r, :, 0])
         R, N, k = out.shape
         logits = out.reshape(R * N, k)
         logp_all = log_softmax(logits)[0]
@@ -246,19 +250,25 @@ class StackedRollout:
 
     def _step_cartpoles(self, env_actions: np.ndarray, live: dict[int, Collector],
                         infos: dict[int, Any]) -> None:
-        """One array step for the CartPoles of several runs (:func:`step_cartpoles`); a group
-        it refuses steps env by env after it (where a run's error ends that run alone)."""
+        """One array step for the CartPoles of several runs (:func:`step_cartpoles_flat`),
+        written into the stacked arrays; a group it refuses steps env by env after it (where a
+        run's error ends that run alone)."""
         for group in self.cartpoles:
             rows = [r for r in group if r in live]
             if not rows:
                 continue
             envs = [cast(CartPoleSameStep, live[r].env) for r in rows]
+            at: Any = rows  # the rows in the stacked arrays (a slice when side by side)
+            if rows == list(range(rows[0], rows[0] + len(rows))):
+                at = slice(rows[0], rows[0] + len(rows))
             try:
-                res = step_cartpoles(envs, [env_actions[r] for r in rows])
+                obs, rew, term, trunc, info = step_cartpoles_flat(envs, env_actions[at].ravel())
             except Exception:  # noqa: BLE001 - each steps alone (and fails alone)
                 continue
-            for r, (obs, rew, term, trunc, info) in zip(rows, res):
-                self._store(r, obs, rew, term, trunc, info, infos)
+            K, N = len(rows), self.N
+            self.raw[at], self.rew[at] = obs.reshape(K, N, -1), rew.reshape(K, N)
+            self.term[at], self.trunc[at] = term.reshape(K, N), trunc.reshape(K, N)
+            infos.update(zip(rows, info))
 
     def _store(self, r: int, obs: Any, rew: Any, term: Any, trunc: Any, info: Any,
                infos: dict[int, Any]) -> None:

@@ -38,7 +38,7 @@ __all__ = ["RunUpdate", "Rollouts", "update_rows", "policy_kls", "diagnostics_ro
 @dataclass
 class RunUpdate:
     """One policy's update in progress: its learner, rollout and advantages, its schedule and
-    steps so far. ``row`` is its stack row."""
+    steps so far. ``row`` is its stack row (a policy keeps its row for the whole update)."""
 
     learner: Learner
     batch: Batch
@@ -48,12 +48,14 @@ class RunUpdate:
     epochs: int = 0
     done: bool = False
     in_epoch: bool = False
-    perm: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    idx: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    perm: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     before: int = 0
+    row: int = field(init=False)
 
     def __post_init__(self) -> None:
         ln = self.learner
+        self.row = int(ln.backend.row)
         self.adv = ln.advantages_for_update(self.batch)
         self.sched = ln.new_schedule()
         ln.backend.begin(self.batch, self.adv)
@@ -61,26 +63,25 @@ class RunUpdate:
             ln.band.begin(self.adv)
 
     @property
-    def row(self) -> int:
-        return int(self.learner.backend.row)
-
-    @property
     def stack(self) -> Stack:
         return self.learner.backend.stack
 
     def start_epoch(self) -> None:
-        self.perm = torch.randperm(len(self.batch), generator=self.learner.gen)
+        self.perm = torch.randperm(len(self.batch), generator=self.learner.gen).numpy()
         self.before, self.in_epoch = len(self.steps), True
         self.sched.start_epoch()
 
     def skips(self, start: int, size: int) -> bool:
         """The minibatch early stop (it ends the policy's update); else the before-step updates
-        of its actuator and band controller for the minibatch at ``start``."""
+        of its actuator and band controller for the minibatch at ``start`` (its sample indices
+        ``idx``, a view of the epoch's permutation)."""
         self.idx = idx = self.perm[start:start + size]
-        if self.sched.skip_minibatch(lambda: self.learner.backend.k3(idx)):
+        sched = self.sched
+        if sched.skip_minibatch(lambda: self.learner.backend.k3(torch.from_numpy(idx))):
             self.in_epoch = False
             return True
-        self.sched.before_step(idx)
+        if sched.acts_before_step:
+            sched.before_step(torch.from_numpy(idx))
         return False
 
     def end_epoch(self) -> None:
@@ -217,8 +218,7 @@ def diagnostics_rows(updates: list[RunUpdate]) -> dict[int, dict[str, float] | F
 
 def _step(stack: Stack, stepping: list[RunUpdate], rollouts: Rollouts, ws: mlp.Workspace) -> None:
     rows = rollouts.rows_of(stepping)  # (each one's minibatch rows: u.idx, set by skips())
-    idx = (stepping[0].idx.numpy()[None] if len(stepping) == 1 else
-           np.stack([u.idx.numpy() for u in stepping]))
+    idx = stepping[0].idx[None] if len(stepping) == 1 else np.stack([u.idx for u in stepping])
     results = stack.step(rows, rollouts.minibatch(rows, idx), [u.learner.loss for u in stepping],
                          [u.sched.beta() for u in stepping], ws)
     for u, r in zip(stepping, results):

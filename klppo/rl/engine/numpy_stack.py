@@ -183,8 +183,8 @@ class NumpyStack:
         mlp.backward(critic, g_critic, c_acts, g_val[0] if alone else g_val, ws)
         whole = len(rows) == self.R
         norms = self.adam.step(G, None if whole else rows, None if whole else W)
-        return [StepResult(mb.idx[a], logp, values[a], entropy, kl, mb.adv[a], norms[a],
-                           {k: terms[k] for k in TERMS if k in terms}, samples)
+        return [StepResult(mb.idx[a], logp, values[a], entropy, kl, mb.adv[a], norms[a], terms,
+                           samples)
                 for a, (logp, entropy, kl, terms, samples) in enumerate(per_row)]
 
     @staticmethod
@@ -198,7 +198,7 @@ class NumpyStack:
             None if mb.weight is None else mb.weight[a])
         g_out[a] = backward(g_logp, g_ent, g_kl)
         g_val[a, :, 0] = gv
-        return logp, entropy, kl, terms, samples
+        return logp, entropy, kl, {k: terms[k] for k in TERMS if k in terms}, samples
 
     def _family_loss(self, family: list[int], W: np.ndarray, G: np.ndarray, out: np.ndarray,
                      values: np.ndarray, mb: Minibatch, loss: PPOLoss, betas: list[float],
@@ -231,9 +231,11 @@ class NumpyStack:
         if self.layout.log_std is not None:
             G[sel, s:e] = g_log_std[:, 0]
         g_val[sel, :, 0] = gv
-        for i, a in enumerate(family):
-            per_row[a] = (logp[i], entropy[i], kl[i], {k: float(v[i]) for k, v in terms.items()},
-                          {k: v[i] for k, v in samples.items()})
+        names = [k for k in TERMS if k in terms]  # each row's terms, as floats, in TERMS order
+        row_terms = zip(*(terms[k].tolist() for k in names))
+        row_samples = zip(*samples.values())
+        for a, lp, ent, k, t, smp in zip(family, logp, entropy, kl, row_terms, row_samples):
+            per_row[a] = (lp, ent, k, dict(zip(names, t)), dict(zip(samples, smp)))
 
     def policy_kl(self, rows: np.ndarray, obs: np.ndarray, old_params: np.ndarray,
                   ws: mlp.Workspace) -> list[float]:
