@@ -142,6 +142,17 @@ def test_a_runs_numbers_do_not_depend_on_its_group(tmp_path):
     assert strip(other.metrics) != seen[0]
 
 
+def test_cartpoles_of_two_physics_side_by_side_equal_each_alone(tmp_path):
+    """Rows 0 and 2 step as one CartPole array computation, row 1 (other physics) on its own:
+    the stacked arrays are written at rows that are not side by side."""
+    runs = [dict(seed=0), dict(seed=1, env_kwargs={"sutton_barto_reward": True}), dict(seed=2)]
+    batched = train_batched([config(tmp_path / f"b{i}", steps=1536, **v)
+                             for i, v in enumerate(runs)])
+    ordinary = [rl.train(config(tmp_path / f"o{i}", steps=1536, **v))
+                for i, v in enumerate(runs)]
+    assert_engines_agree(batched, ordinary)
+
+
 def test_clip_equals_per_sample_kl_inside_the_engine(tmp_path):
     a, b = train_batched([config(tmp_path / "clip", objective="clip", steps=3072),
                           config(tmp_path / "psk", objective="per_sample_kl", steps=3072)])

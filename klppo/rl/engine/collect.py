@@ -121,6 +121,7 @@ class StackedRollout:
                      len(c.env.single_observation_space.shape) == 1
                      for r, c in collectors.items()}
         self.draw = np.zeros((R, self.N, *(first.np["actions"].shape[2:] or (1,))), np.float32)
+        self.samples = np.arange(R * self.N)  # (each sample's row in the flattened logits)
         #: per live row of a rollout: its generator's draw and the part of ``draw`` it fills
         self.draws: list[tuple[Any, np.ndarray]] = []
 
@@ -201,7 +202,7 @@ class StackedRollout:
         for j in range(k - 1):  # the count of edges passed (cdf is monotone)
             action += below[:, j]
         B["actions"][:, t] = action.reshape(R, N)
-        B["logp"][:, t] = logp_all[np.arange(R * N), action].reshape(R, N)
+        B["logp"][:, t] = logp_all[self.samples, action].reshape(R, N)
         B["params"][:, t] = out
         return B["actions"][:, t]
 
@@ -246,7 +247,10 @@ class StackedRollout:
         B["rewards"][:, t] = self._scaled_rewards(done)
         B["terminated"][:, t] = self.term
         B["truncated"][:, t] = self.trunc & ~self.term
-        self.X[...] = self._prep_obs()
+        if self.any_obs:
+            self.X[...] = self._prep_obs()
+        else:  # (the float32 cast of _prep_obs, without its copy)
+            self.X[...] = self.raw
 
     def _step_cartpoles(self, env_actions: np.ndarray, live: dict[int, Collector],
                         infos: dict[int, Any]) -> None:
