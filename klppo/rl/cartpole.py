@@ -116,17 +116,20 @@ def step_cartpoles_flat(envs: list[CartPoleSameStep], a: np.ndarray
     moves (as the env's own action check does); the engine then steps each env alone, so that a
     run whose actions are bad fails alone."""
     bases: list[Any] = [e.env.unwrapped for e in envs]
-    sizes = [base.num_envs for base in bases]
-    if a.shape != (sum(sizes),):
-        raise ValueError(f"CartPole: actions of shape {a.shape} for {sum(sizes)} envs")
+    starts, n = [], 0
+    for base in bases:
+        starts.append(n)
+        n += base.num_envs
+    if a.shape != (n,):
+        raise ValueError(f"CartPole: actions of shape {a.shape} for {n} envs")
     if a.dtype.kind not in "iub" or not ((a == 0) | (a == 1)).all():
         raise ValueError(f"CartPole: actions must be 0 or 1, got {short(a)}")
     state, reward, term, trunc, steps = _physics(bases[0], a, bases)
-    starts = np.cumsum([0, *sizes[:-1]])
-    slices = [slice(int(i), int(i) + n) for i, n in zip(starts, sizes)]
+    slices = [slice(i, i + base.num_envs) for i, base in zip(starts, bases)]
     for base, s in zip(bases, slices):
         base.state, base.steps = state[:, s], steps[s]
-    prev = np.concatenate([base.prev_done for base in bases])
+    prev = bases[0].prev_done if len(bases) == 1 else \
+        np.concatenate([base.prev_done for base in bases])
     if prev.any():  # each env's own NEXT_STEP reset of envs that ended at the last step
         for base, s in zip(bases, slices):
             p = base.prev_done
@@ -139,7 +142,8 @@ def step_cartpoles_flat(envs: list[CartPoleSameStep], a: np.ndarray
     done = term | trunc
     infos: list[dict] = [{} for _ in bases]
     if done.any():
-        for k in np.flatnonzero(np.logical_or.reduceat(done, starts)):
+        ended = [0] if len(bases) == 1 else np.flatnonzero(np.logical_or.reduceat(done, starts))
+        for k in ended:
             infos[k] = _same_step_reset(bases[k], obs[slices[k]], done[slices[k]])
     return obs, reward, term, trunc, infos
 
@@ -148,7 +152,8 @@ def _physics(b: Any, a: np.ndarray, bases: list[Any]) -> tuple[np.ndarray, ...]:
     """gymnasium's ``CartPoleVectorEnv.step`` (classic_control/cartpole.py) on the states of
     ``bases`` side by side, with ``b``'s settings: the new ``state [4, sum N]``, rewards,
     terminations, truncations and step counters."""
-    x, x_dot, theta, theta_dot = np.concatenate([e.state for e in bases], 1)
+    x, x_dot, theta, theta_dot = (b.state if len(bases) == 1 else
+                                  np.concatenate([e.state for e in bases], 1))
     force = np.sign(a - 0.5) * b.force_mag
     costheta, sintheta = np.cos(theta), np.sin(theta)
     temp = (force + b.polemass_length * np.square(theta_dot) * sintheta) / b.total_mass
@@ -166,7 +171,8 @@ def _physics(b: Any, a: np.ndarray, bases: list[Any]) -> tuple[np.ndarray, ...]:
     state = np.stack((x, x_dot, theta, theta_dot))
     term = ((x < -b.x_threshold) | (x > b.x_threshold) | (theta < -b.theta_threshold_radians)
             | (theta > b.theta_threshold_radians))
-    steps = np.concatenate([e.steps for e in bases]) + np.int32(1)
+    steps = (b.steps if len(bases) == 1 else np.concatenate([e.steps for e in bases])) + \
+        np.int32(1)
     trunc = steps >= b.max_episode_steps
     reward = (-np.array(term, dtype=np.float32) if b._sutton_barto_reward
               else np.ones_like(term, dtype=np.float32))

@@ -34,8 +34,8 @@ def same(a, b):
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"max_episode_steps": 15}, {"sutton_barto_reward": True}])
-def test_cartpoles_stepped_as_one_equal_each_alone(kwargs):
-    sizes, seeds = (4, 1, 5), (0, 7, 3)
+@pytest.mark.parametrize("sizes, seeds", [((4, 1, 5), (0, 7, 3)), ((4,), (2,))])
+def test_cartpoles_stepped_as_one_equal_each_alone(kwargs, sizes, seeds):
     grouped = [cartpole(n, s, **kwargs) for n, s in zip(sizes, seeds)]
     alone = [cartpole(n, s, **kwargs) for n, s in zip(sizes, seeds)]
     assert len({physics_key(e) for e in grouped}) == 1
