@@ -26,6 +26,17 @@ def _factors(lr: float, t: int, eps: float) -> tuple[np.float32, np.float32, np.
     return (np.float32(lr / (1 - B1**t)), np.float32(math.sqrt(1 - B2**t)), np.float32(eps))
 
 
+def _factor_columns(lr: list[float], t: list[int], eps: list[float], rows: Any
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_factors` of each of ``rows`` as ``[A, 1]`` float32 columns: the same float64
+    expressions, each rounded to float32 once (an array's cast rounds as ``np.float32`` does)."""
+    def column(values: list[float]) -> np.ndarray:
+        return np.array(values, np.float64).astype(np.float32)[:, None]
+
+    return (column([lr[r] / (1 - B1**t[r]) for r in rows]),
+            column([math.sqrt(1 - B2**t[r]) for r in rows]), column([eps[r] for r in rows]))
+
+
 def adam_update(params, g, m, v, t, denom, step, bias2, eps) -> None:
     """One Adam step in place from the (clipped) gradient ``g``, with the textbook expressions;
     ``t`` and ``denom`` are work arrays of ``params``' shape. ``step``, ``bias2`` and ``eps``
@@ -96,9 +107,7 @@ class NumpyAdam:
             factors = _factors(float(self.lr[r]), int(self.t[r]), float(self.eps[r]))
         else:
             self.t[list(idx)] += 1
-            t, lr, eps = self.t.tolist(), self.lr.tolist(), self.eps.tolist()
-            cols = [_factors(lr[r], t[r], eps[r]) for r in idx]
-            factors = tuple(np.array(c, np.float32)[:, None] for c in zip(*cols))
+            factors = _factor_columns(self.lr.tolist(), self.t.tolist(), self.eps.tolist(), idx)
         work = self._work.get(p.shape)
         if work is None:
             work = self._work[p.shape] = (np.empty_like(p), np.empty_like(p))

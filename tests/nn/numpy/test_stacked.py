@@ -96,3 +96,20 @@ def test_each_row_of_the_adam_stack_is_a_one_row_stack_of_its_own_with_clips_and
         assert np.array_equal(s["m"], f["m"]) and np.array_equal(s["v"], f["v"])
         np.testing.assert_allclose(stacked.params[r], params[r].detach().numpy(), rtol=1e-5,
                                    atol=1e-6)
+
+
+def test_adams_factor_columns_are_each_rows_own_factors_to_the_bit():
+    """The stack's ``[A, 1]`` step factors equal the float32 scalars a row alone uses, over
+    learning rates, step counts and epsilons of every size (a float64 array's cast rounds as
+    ``np.float32`` of each number)."""
+    from klppo.nn.numpy.adam import _factor_columns, _factors
+
+    rng = np.random.default_rng(3)
+    A = 2000
+    lr = (10 ** rng.uniform(-9, 1, A)).tolist()
+    t = np.exp(rng.uniform(0, 16, A)).astype(np.int64).clip(1).tolist()  # 1 .. 9e6 steps
+    eps = (10 ** rng.uniform(-40, -1, A)).tolist()  # float32 subnormals and underflow too
+    cols = _factor_columns(lr, t, eps, range(A))
+    for r in range(A):
+        for col, want in zip(cols, _factors(lr[r], t[r], eps[r])):
+            assert col.dtype == np.float32 and col[r, 0].tobytes() == want.tobytes()
