@@ -41,10 +41,16 @@ class TorchRunner:
         """:meth:`act` from distribution parameters ``[N, param_dim]`` and values ``[N]``
         computed elsewhere (a stack's one forward for a group of runs): actions drawn from
         this runner's generator."""
-        action = self.head.sample(params, self.gen)
-        logp = self.head.log_prob(params, action)
+        action, logp = self.draw(params)
         return (action.cpu().numpy(), logp.cpu().numpy(), params.cpu().numpy(),
                 value.cpu().numpy())
+
+    @torch.inference_mode()
+    def draw(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actions drawn from this runner's generator at ``params`` and their log-probs, left
+        on the device (a stack moves every run's to the CPU at once)."""
+        action = self.head.sample(params, self.gen)
+        return action, self.head.log_prob(params, action)
 
     @torch.inference_mode()
     def value(self, obs: np.ndarray) -> np.ndarray:

@@ -122,6 +122,30 @@ class NaNForSeed(Counter):
 gym.register("KlppoTest/NaNForSeed-v0", entry_point=NaNForSeed)
 
 
+class NaNForSeedWide(NaNForSeed):
+    """:class:`NaNForSeed` observing ``[t, -t, t / 2, 1]`` (four numbers, as CartPole)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = spaces.Box(-np.inf, np.inf, (4,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return self._wide(obs), info
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return (self._wide(obs), *rest)
+
+    @staticmethod
+    def _wide(obs):
+        t = obs[0]
+        return np.array([t, -t, t / 2, 1.0], np.float32)
+
+
+gym.register("KlppoTest/NaNForSeedWide-v0", entry_point=NaNForSeedWide)
+
+
 def short_counter() -> gym.Env:
     """A factory (no registration): ``klppo train --env tests.rl.envs_for_tests:short_counter``."""
     return Counter(limit=5)

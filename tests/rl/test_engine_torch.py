@@ -182,3 +182,41 @@ def test_read_only_arrays_reach_the_device_without_a_warning():
     assert t.tolist() == x.tolist()
     t += 1  # a copy: the read-only array is untouched
     assert x[0, 0] == 0
+
+
+def failing_torch_group(tmp_path):
+    env = "tests.rl.envs_for_tests:KlppoTest/NaNForSeedWide-v0"
+    cfgs = [config(tmp_path / f"r{s}", env=env, seed=s, steps=1024, fast_path=False,
+                   rollout=dict(num_envs=1, num_steps=128, vectorization="sync"))
+            for s in (0, 1, 2)]
+    return cfgs, train_batched(cfgs)
+
+
+def test_a_torch_groups_runs_go_on_when_one_fails(tmp_path):
+    """Run 1's env fails at iteration 3: runs 0 and 2 keep collecting as a subset of the stack's
+    rows (their draws reach the CPU together) and finish."""
+    cfgs, res = failing_torch_group(tmp_path)
+    assert [r.status for r in res] == ["finished", "failed", "finished"]
+    assert [len(r.metrics) for r in res] == [8, 2, 8]
+
+
+@pytest.mark.xfail(strict=True, reason="known: on this env a torch-stack run's gradient at "
+                   "iteration 3 differs from its run alone's in its last bits when it is not "
+                   "the group's first row (its weights, inputs and forward equal; not located)")
+def test_a_torch_groups_surviving_runs_equal_their_runs_alone(tmp_path):
+    cfgs, res = failing_torch_group(tmp_path)
+    for i in (0, 2):
+        alone = rl.train(dataclasses.replace(cfgs[i], out=str(tmp_path / f"alone{i}")))
+        assert strip(res[i].metrics) == strip(alone.metrics)
+
+
+def test_a_torch_run_with_one_env_does_not_depend_on_its_row(tmp_path):
+    """One env per run: the collection's forward with one observation per row (torch's
+    matrix-vector kernel rounds by the weights' place in memory); seed 1 in rows 0, 1 and 2."""
+    seen = []
+    for g, seeds in enumerate([[1], [0, 1], [2, 0, 1]]):
+        res = train_batched([config(tmp_path / f"g{g}s{s}", seed=s, steps=512, fast_path=False,
+                                    rollout=dict(num_envs=1, num_steps=128))
+                             for s in seeds])
+        seen.append(strip(res[seeds.index(1)].metrics))
+    assert seen[0] == seen[1] == seen[2]

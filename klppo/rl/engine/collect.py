@@ -20,6 +20,7 @@ import math
 from typing import Any, cast
 
 import numpy as np
+import torch
 
 from klppo.nn._rowops import row_cumsum
 from klppo.nn.numpy import NumpyRunner
@@ -161,11 +162,8 @@ class StackedRollout:
         distribution parameters and values at step ``t``; the env's (clipped) actions."""
         B = self.B
         B["obs"][:, t] = self.X
-        if not self.stack.fast:  # torch rows: each run's TorchRunner draws on the device
-            for r, c in live.items():
-                a, lp, p, v = c.runner.sample(out[r], values[r])
-                B["actions"][r, t], B["logp"][r, t], B["params"][r, t], B["values"][r, t] = \
-                    a, lp, p, v
+        if not self.stack.fast:
+            self._sample_torch(t, out, values, live)
             action = B["actions"][:, t]
         else:
             action = self._sample_numpy(t, out, live)
@@ -173,6 +171,24 @@ class StackedRollout:
         if self.box:
             return np.minimum(np.maximum(action, self.low), self.high)
         return action
+
+    def _sample_torch(self, t: int, out: Any, values: Any, live: dict[int, Collector]) -> None:
+        """Torch rows: each run's :class:`~klppo.nn.runners.TorchRunner` draws on the device
+        (:meth:`~klppo.nn.runners.TorchRunner.draw`, its own generator); the actions,
+        log-probs, distribution parameters and values of every row reach the CPU together, one
+        transfer each per step."""
+        rows = list(live)
+        drawn = [cast(Any, c.runner).draw(out[r]) for r, c in live.items()]
+        at: Any = slice(None) if len(rows) == self.stack.R else rows
+        if at is not rows:  # every row: the stack's own tensors
+            out_rows, value_rows = out, values
+        else:
+            out_rows, value_rows = out[rows], values[rows]
+        B = self.B
+        for name, x in (("actions", torch.stack([a for a, _ in drawn])),
+                        ("logp", torch.stack([lp for _, lp in drawn])),
+                        ("params", out_rows), ("values", value_rows)):
+            B[name][at, t] = x.cpu().numpy()
 
     def _sample_numpy(self, t: int, out: np.ndarray, live: dict[int, Collector]) -> np.ndarray:
         """:meth:`klppo.nn.numpy.heads.Gaussian.act` / ``Categorical.act`` for every row at

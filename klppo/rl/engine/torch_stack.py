@@ -207,5 +207,12 @@ class TorchStack:
     def act(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The distribution parameters ``[R, N, param_dim]`` and values ``[R, N]`` of every row
         for ``obs [R, N, obs_dim]``, on the stack's device, as each row's :class:`TorchRunner`
-        computes them before sampling (:meth:`TorchRunner.sample` draws from them)."""
-        return self.nets(self.W, _dev(obs, self.device))
+        computes them before sampling (:meth:`TorchRunner.sample` draws from them). One env per
+        run (``N = 1``) is computed as two copies of its observation: a product with one row
+        takes torch's matrix-vector kernel on the CPU, whose rounding depends on where the
+        weights lie in memory (a run's stack row), the matrix kernel's does not."""
+        x = _dev(obs, self.device)
+        if x.shape[1] != 1:
+            return self.nets(self.W, x)
+        out, values = self.nets(self.W, x.repeat(1, 2, 1))
+        return out[:, :1], None if values is None else values[:, :1]
