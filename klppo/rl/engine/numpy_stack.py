@@ -206,7 +206,9 @@ class NumpyStack:
         """The heads and closed-form losses of the policies ``family`` (positions in the step,
         one loss setting but beta) as one ``[F, n]`` computation; each row's numbers are those
         it computes alone (``tests/rl/test_engine.py``)."""
-        sel: Any = slice(None) if len(family) == len(per_row) else np.array(family)
+        first, F = family[0], len(family)
+        sel: Any = (slice(first, first + F) if family == list(range(first, first + F))
+                    else np.array(family))  # positions side by side: views, not copies
         o, acts, params = out[sel], mb.actions[sel], mb.params[sel]
         F, n = o.shape[:2]
         if self.layout.log_std is None:  # categorical: every quantity is per sample
