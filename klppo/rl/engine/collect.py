@@ -179,11 +179,11 @@ class StackedRollout:
         transfer each per step."""
         rows = list(live)
         drawn = [cast(Any, c.runner).draw(out[r]) for r, c in live.items()]
-        at: Any = slice(None) if len(rows) == self.stack.R else rows
-        if at is not rows:  # every row: the stack's own tensors
-            out_rows, value_rows = out, values
+        at: Any
+        if len(rows) == self.stack.R:  # every row: the stack's own tensors
+            at, out_rows, value_rows = slice(None), out, values
         else:
-            out_rows, value_rows = out[rows], values[rows]
+            at, out_rows, value_rows = rows, out[rows], values[rows]
         B = self.B
         for name, x in (("actions", torch.stack([a for a, _ in drawn])),
                         ("logp", torch.stack([lp for _, lp in drawn])),
