@@ -54,7 +54,12 @@ class TorchRunner:
 
     @torch.inference_mode()
     def value(self, obs: np.ndarray) -> np.ndarray:
-        return self.agent.value(torch.from_numpy(obs).to(self.device)).cpu().numpy()
+        """V(obs) ``[N]``, computed on a copy of the parameters in memory of its own: a run's
+        parameters can view its row of a stack, and torch's CPU kernels round by where the
+        weights lie in memory, so without the copy a run's values would depend on its row."""
+        own = {k: p.clone() for k, p in self.agent.named_parameters()}
+        obs_t = torch.from_numpy(obs).to(self.device)
+        return torch.func.functional_call(self.agent, own, (obs_t,))[1].cpu().numpy()
 
     def state_dict(self) -> dict[str, Any]:
         return {"torch_generator": self.gen.get_state()}

@@ -185,11 +185,19 @@ class TorchStack:
                   ws: Any = None) -> list[float]:
         """Per row of ``rows``, the mean analytic KL(rollout policy || current policy) over its
         rollout (nats per sample)."""
-        dev = self.device
-        W = self.W[torch.tensor(rows, device=dev)]
-        params, _ = self.nets(W, _dev(obs, dev), critic=False)
-        old = _dev(old_params, dev)
+        params = self._actors(rows, _dev(obs, self.device))
+        old = _dev(old_params, self.device)
         return [float(self.slots[r].head.kl(old[a], params[a]).mean()) for a, r in enumerate(rows)]
+
+    def _actors(self, rows: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+        """The distribution parameters of ``rows`` at ``x [A, B, obs_dim]`` on a copy of their weights, a single
+        row padded to two as in :meth:`step`, so a row's numbers depend neither on its place in
+        the stack nor on how many rows are computed beside it."""
+        r_idx = torch.tensor(rows, device=self.device)
+        if len(rows) == 1:
+            params, _ = self.nets(self.W[r_idx.repeat(2)], x.repeat(2, 1, 1), critic=False)
+            return params[:1]
+        return self.nets(self.W[r_idx], x, critic=False)[0]
 
     @torch.no_grad()
     def log_prob(self, row: int, obs: np.ndarray, actions: np.ndarray
@@ -197,7 +205,7 @@ class TorchStack:
         """Row ``row``'s distribution parameters ``[B, param_dim]`` and log-probabilities
         ``[B]`` of ``actions`` at ``obs [B, obs_dim]`` (numpy, on the CPU)."""
         dev = self.device
-        params, _ = self.nets(self.W[row:row + 1], _dev(obs, dev)[None], critic=False)
+        params = self._actors(np.array([row]), _dev(obs, dev)[None])
         slot = self.slots[row]
         assert slot is not None  # (a row joined before its rollouts)
         logp = slot.head.log_prob(params[0], _dev(actions, dev))
