@@ -1,7 +1,10 @@
 """Where a group's training loop spends its time, per run-step: R runs of a preset trained as
 one group in this process (one core, one thread), first unprofiled (collection and update from
 the runs' own ``time_collect`` / ``time_update``), then under ``cProfile`` for the split of the
-update (cProfile adds its own cost to every Python call, so read its column as shares).
+update (cProfile adds its own cost to every Python call, so read its column as shares), and last the
+arithmetic floor: the update's stacked MLP forwards and backwards and its Adam step alone (klppo's
+own functions on random weights of the preset's network shape, no engine around them), the part
+of a run-step no reorganisation of the engine removes while the numbers stay those of today.
 
 Usage:
     python benchmarks/profile_group.py [--preset klip/cartpole] [--runs 20] [--steps 51200]
@@ -16,7 +19,10 @@ import dataclasses
 import logging
 import os
 import pstats
+import statistics
 import tempfile
+import time
+from typing import Any
 
 #: (label, function as pstats names it: file suffix and function name), cumulative time
 PARTS = [
@@ -42,6 +48,50 @@ def configs(args: argparse.Namespace, root: str) -> list:
         return dataclasses.replace(c, seed=seed, objective="clip", total_steps=args.steps,
                                    tensorboard=False, out=os.path.join(root, f"run{seed}"))
     return [cfg(s) for s in range(args.runs)]
+
+
+def arithmetic_floor(cfg: Any, runs: int, reps: int = 200) -> float:
+    """Seconds per run-step of the update's stacked arithmetic alone: one minibatch of every
+    row through actor and critic forward and backward (``klppo.nn.numpy.mlp``) and one
+    ``NumpyAdam`` step, median of ``reps``, times the minibatch steps per run-step."""
+    import gymnasium as gym
+    import numpy as np
+
+    from klppo.nn.actor_critic import ActorCritic, make_head
+    from klppo.nn.numpy import flat_weights, mlp
+    from klppo.nn.numpy.adam import NumpyAdam
+    from klppo.rl.engine.rows import Layout
+
+    env = gym.make(cfg.env)
+    obs_dim = int(np.prod(env.observation_space.shape))
+    agent = ActorCritic(obs_dim, make_head(env.action_space), cfg.net.hidden)
+    env.close()
+    rng = np.random.default_rng(0)
+    P = sum(p.numel() for p in agent.parameters())
+    W = (rng.standard_normal((runs, P)) * 0.1).astype(np.float32)
+    G = np.zeros_like(W)
+    layout = Layout(agent, flat_weights(agent, W[0].copy()).span)
+    actor, critic = layout.layers(W)
+    g_actor, g_critic = layout.layers(G)
+    adam = NumpyAdam(W, np.full(runs, 3e-4), np.full(runs, 1e-5), np.full(runs, 0.5))
+    n = cfg.ppo.minibatch_size
+    x = rng.standard_normal((runs, n, obs_dim)).astype(np.float32)
+    ws = mlp.Workspace()
+
+    def minibatch() -> None:
+        a = mlp.forward(actor, x, ws, "actor")
+        c = mlp.forward(critic, x, ws, "critic")
+        mlp.backward(actor, g_actor, a, np.ones_like(a[-1]), ws)
+        mlp.backward(critic, g_critic, c, np.ones_like(c[-1]), ws)
+        adam.step(G)
+
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        minibatch()
+        times.append(time.perf_counter() - t)
+    per_run_step = cfg.ppo.update_epochs / (n * runs)  # minibatch steps per run-step
+    return statistics.median(times) * per_run_step
 
 
 def main() -> None:
@@ -73,6 +123,9 @@ def main() -> None:
     for label, path, name in PARTS:
         t = sum(v[3] for (f, _, fn), v in stats.items() if f.endswith(path) and fn == name)
         print(f"  {label:<48} {t / run_steps * 1e6:7.2f}")
+    floor = arithmetic_floor(configs(args, "unused")[0], args.runs)
+    print(f"arithmetic floor (the update's stacked MLP forwards, backwards and Adam alone, "
+          f"unprofiled): {floor * 1e6:.2f} us per run-step")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ from klppo.lm.setup import (
     measure_kl,
     say_what_the_choices_mean,
 )
-from klppo.runs.checkpoint import save_checkpoint
+from klppo.runs.checkpoint import checkpoint_file
 from klppo.runs.device import resolve_device
 
 log = logging.getLogger(__name__)
@@ -135,8 +135,8 @@ class Experiment:
     def check(self, m: dict[str, Any]) -> list[str]:
         return []  # the KL monitor warns in iterate (it sees the measured KL first)
 
-    def save(self, run_dir: Path) -> None:
-        """Export the policy (a Hugging Face directory), then write the checkpoint atomically:
+    def checkpoint(self, run_dir: Path) -> list[tuple[Path, bytes]]:
+        """Export the policy (a Hugging Face directory), then give the checkpoint to write:
         a checkpoint on disk implies a policy export at least as new."""
         tmp, final = run_dir / ".policy.tmp", run_dir / "policy"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -144,7 +144,7 @@ class Experiment:
         self.tok.save_pretrained(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        save_checkpoint(run_dir, self.state_dict())
+        return [checkpoint_file(run_dir, self.state_dict())]
 
     def close(self) -> None:
         """Nothing to release (the models are freed with the object)."""

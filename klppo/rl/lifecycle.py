@@ -78,8 +78,8 @@ class RunTrainer:
     def check(self, metrics: dict[str, Any]) -> list[str]:
         return self.monitor.check(metrics)
 
-    def save(self, run_dir: Path) -> None:
-        ckpt.save_checkpoint(run_dir, {**self.state_dict(), "config": to_dict(self.cfg)})
+    def checkpoint(self, run_dir: Path) -> list[tuple[Path, bytes]]:
+        return [ckpt.checkpoint_file(run_dir, {**self.state_dict(), "config": to_dict(self.cfg)})]
 
     def close(self) -> None:
         self.env.close()

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from klppo.runs.atomic import atomic_write_bytes
 from klppo.runs.errors import CheckpointError
-from klppo.runs.rundir import atomic_write_bytes
 
 CHECKPOINT = "checkpoint.pt"
 
-__all__ = ["CHECKPOINT", "CheckpointError", "save_checkpoint", "load_checkpoint", "load_data",
-           "check_finite"]
+__all__ = ["CHECKPOINT", "CheckpointError", "save_checkpoint", "checkpoint_file", "load_checkpoint",
+           "load_data", "check_finite"]
 
 # numpy<2 fallback; numpy 2's stubs do not list np.core.multiarray
 _MULTIARRAY = (np._core.multiarray if hasattr(np, "_core")
@@ -40,11 +40,17 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
     """Write ``state`` to ``run_dir/checkpoint.pt`` atomically (temp file, fsync, rename): a
     kill at any moment leaves either the previous checkpoint or the new one, never half, and a
     failed write (a full disk) leaves the previous one and no temp file."""
+    path, data = checkpoint_file(run_dir, state)
+    atomic_write_bytes(path, data)
+    return path
+
+
+def checkpoint_file(run_dir: Path, state: dict[str, Any]) -> tuple[Path, bytes]:
+    """``run_dir/checkpoint.pt`` and the bytes of ``state`` it holds, for an atomic write
+    (:func:`save_checkpoint`, or a group's :func:`~klppo.runs.atomic.atomic_write_all`)."""
     buf = io.BytesIO()
     torch.save(state, buf)
-    path = Path(run_dir) / CHECKPOINT
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    return Path(run_dir) / CHECKPOINT, buf.getvalue()
 
 
 def load_checkpoint(run_dir: Path) -> dict[str, Any]:

@@ -16,13 +16,14 @@ from typing import Any, Protocol
 
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
+from klppo.runs.atomic import atomic_write_all
 from klppo.runs.errors import ResumeError
 from klppo.runs.signals import StopRequest
 from klppo.runs.typecheck import short_repr
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Trainer", "RunLife", "fail", "record", "check_metrics",
+__all__ = ["Trainer", "RunLife", "fail", "record", "checkpoint_due", "save", "check_metrics",
            "check_run_dir", "metrics_records", "OnIteration", "StopRun"]
 
 OnIteration = Callable[[dict[str, Any]], None] | None
@@ -66,8 +67,10 @@ class Trainer(Protocol):
     def check(self, metrics: dict[str, Any]) -> list[str]:
         """Warnings about one iteration's metrics (divergence), for the log and the status."""
 
-    def save(self, run_dir: Path) -> None:
-        """Write the checkpoint (atomically) of the iterations done."""
+    def checkpoint(self, run_dir: Path) -> list[tuple[Path, bytes]]:
+        """The checkpoint of the iterations done, as files for the loop to write atomically
+        (beside the other runs' of a group); what must be on disk before them (an LM's policy
+        export) is written here."""
 
     def close(self) -> None:
         """Release what the trainer holds (environments)."""
@@ -125,19 +128,29 @@ def fail(life: RunLife, iteration: int, it: int, error: BaseException) -> str:
 
 
 def record(tr: Trainer, life: RunLife, writer: M.MetricsWriter, m: dict[str, Any],
-           on_iteration: OnIteration, stop: StopRequest) -> None:
-    """After an iteration: log its metrics ``m``, call back, checkpoint at the cadence (or when
-    stopping)."""
+           on_iteration: OnIteration) -> None:
+    """After an iteration: log its metrics ``m``, call back (the checkpoint follows,
+    :func:`checkpoint_due`)."""
     writer.write(m)
     for w in tr.check(m):
         life.warn(w)
     log.info("iteration %d/%d %s", tr.iteration, tr.num_iterations, tr.describe(m))
     if on_iteration is not None:
         on_iteration(m)
-    last = tr.iteration == tr.num_iterations
-    if last or tr.iteration % tr.checkpoint_every == 0 or stop.requested:
-        tr.save(life.run_dir)
-        life.saved = tr.iteration
+
+
+def checkpoint_due(tr: Trainer, stop: StopRequest) -> bool:
+    """A checkpoint after this iteration: the last, one at the cadence, or a stop requested."""
+    return (tr.iteration == tr.num_iterations or tr.iteration % tr.checkpoint_every == 0
+            or stop.requested)
+
+
+def save(tr: Trainer, life: RunLife) -> None:
+    """Write ``tr``'s checkpoint into its run directory (each file atomically)."""
+    for error in atomic_write_all(tr.checkpoint(life.run_dir)):
+        if error is not None:
+            raise error
+    life.saved = tr.iteration
 
 
 # ------------------------------------------------------------------------------ resume checks

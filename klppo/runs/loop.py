@@ -15,11 +15,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from klppo.runs import metrics as M
+from klppo.runs.atomic import atomic_write_all
 from klppo.runs.errors import RunFailed, RunInterrupted
-from klppo.runs.lifecycle import OnIteration, RunLife, StopRun, Trainer, fail, record
+from klppo.runs.lifecycle import (
+    OnIteration,
+    RunLife,
+    StopRun,
+    Trainer,
+    checkpoint_due,
+    fail,
+    record,
+    save,
+)
 from klppo.runs.signals import StopRequest
 
 log = logging.getLogger(__name__)
@@ -132,14 +143,14 @@ def _iterate(g: _Group, iterate_all: IterateAll, on_iteration: OnIteration,
                 g.end(i, "failed", res, tr.iteration + 1)
                 continue
             try:
-                record(tr, g.lives[i], g.writers[i], res, on_iteration, stop)
+                record(tr, g.lives[i], g.writers[i], res, on_iteration)
             except StopRun as request:
                 _stop_run(g, i, request)
-                continue
             except Exception as e:  # noqa: BLE001 - one run's failure ends that run
                 g.end(i, "failed", e, tr.iteration)
-                continue
-            if tr.iteration >= tr.num_iterations:
+        _checkpoint(g, [i for i in g.live() if checkpoint_due(g.trainers[i], stop)])
+        for i in g.live():
+            if g.trainers[i].iteration >= g.trainers[i].num_iterations:
                 g.end(i, "finished")
         if stop.requested:
             for i in g.live():
@@ -147,13 +158,36 @@ def _iterate(g: _Group, iterate_all: IterateAll, on_iteration: OnIteration,
                 g.end(i, "interrupted")
 
 
+def _checkpoint(g: _Group, due: list[int]) -> None:
+    """The checkpoints of the runs ``due``, written together (each file atomically, their
+    fsyncs side by side); a run whose checkpoint cannot be made or written fails alone."""
+    files: list[tuple[Path, bytes]] = []
+    owners: list[int] = []
+    for i in due:
+        try:
+            made = g.trainers[i].checkpoint(g.lives[i].run_dir)
+        except Exception as e:  # noqa: BLE001 - e.g. the policy export on a full disk
+            g.end(i, "failed", e, g.trainers[i].iteration)
+            continue
+        files += made
+        owners += [i] * len(made)
+    failed: dict[int, OSError] = {}
+    for i, error in zip(owners, atomic_write_all(files)):
+        if error is not None:
+            failed.setdefault(i, error)
+    for i in dict.fromkeys(owners):
+        if i in failed:
+            g.end(i, "failed", failed[i], g.trainers[i].iteration)
+        else:
+            g.lives[i].saved = g.trainers[i].iteration
+
+
 def _stop_run(g: _Group, i: int, request: StopRun) -> None:
     """End run ``i`` as an ``on_iteration`` callback asked, checkpointed (the callback came
     before the cadence's checkpoint); at its last iteration it is simply 'finished'."""
     tr, life = g.trainers[i], g.lives[i]
     try:
-        tr.save(life.run_dir)
-        life.saved = tr.iteration
+        save(tr, life)
     except Exception as e:  # noqa: BLE001 - the checkpoint failed: the run fails with it
         g.end(i, "failed", e, tr.iteration)
         return

@@ -63,7 +63,8 @@ STUDY_OWNED = {
 }
 #: any of these next to config.yaml: a run lives there
 _RUN_MARKS = ("metrics.jsonl", "status.json", "checkpoint.pt", "metadata.json")
-#: the temp files of atomic writes: ``.NAME.tmpPID`` (rundir.atomic_write_bytes), ``NAME.tmp``
+#: the temp files of atomic writes: ``.NAME.tmpPID`` (:func:`klppo.runs.atomic.temp_name`),
+#: ``NAME.tmp``
 _TEMP = (re.compile(r"^\.(.+)\.tmp\d*$"), re.compile(r"^(.+)\.tmp$"))
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from klppo.runs.atomic import atomic_write_bytes
 from klppo.runs.configfile import InputError, InputFileError, parse_yaml, read_text
 from klppo.runs.errors import UserInputError
 from klppo.runs.paths import check_writable
@@ -166,24 +167,6 @@ def _check_reusable(p: Path) -> None:
         raise FileExistsError(f"out={str(p)!r} is not empty ({len(other)} entries, e.g. "
                               f"{other[0][:60]!r}) and not a klppo run; choose a new or empty "
                               f"directory")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file, fsync, rename over ``path``: a kill or a full disk leaves
-    the previous file intact, and a failed write removes its temp file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:  # name the file the user knows, not the temp file
-        tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, str(path)) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -1,8 +1,8 @@
 """No window without a resume: a run killed (``os._exit``, as kill -9: no handler, no finally)
 just before or just after each file write of its first iterations (config, metadata, spaces,
-status, each metrics line, each checkpoint) leaves a directory that resumes to exactly the
-uninterrupted run's metrics, for a run alone, a group of runs and an RLHF run. A kill before
-the run's config exists leaves a directory a new run may take over."""
+status, each metrics line, each checkpoint: a group's written together) leaves a directory that
+resumes to exactly the uninterrupted run's metrics, for a run alone, a group of runs and an
+RLHF run. A kill before the run's config exists leaves a directory a new run may take over."""
 
 import json
 import subprocess
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, os, sys
 K, PHASE, KIND, OUT, MODEL = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
-from klppo.runs import checkpoint, metrics, rundir
+from klppo.runs import atomic, checkpoint, lifecycle, loop, metrics, rundir
 count = [0]
 
 def boundary(fn):
@@ -35,6 +35,7 @@ def boundary(fn):
     return wrapped
 
 rundir.atomic_write_bytes = checkpoint.atomic_write_bytes = boundary(rundir.atomic_write_bytes)
+loop.atomic_write_all = lifecycle.atomic_write_all = boundary(atomic.atomic_write_all)
 metrics.JsonlSink.write = boundary(metrics.JsonlSink.write)
 sys.path.insert(0, os.getcwd())
 from tests.runs.test_kill_boundaries import start

@@ -34,8 +34,9 @@ class Trainer:
     def check(self, m):
         return []
 
-    def save(self, run_dir):
+    def checkpoint(self, run_dir):
         self.saved.append(self.iteration)
+        return [(run_dir / "checkpoint.pt", b"%d" % self.iteration)]
 
     def close(self):
         self.closed = True
@@ -111,3 +112,28 @@ def test_a_second_signal_while_a_run_ends_does_not_leave_it_running(tmp_path):
         run_iterations(tr, lf, lambda: ClosingInterrupted([M.JsonlSink(
             lf.run_dir / "metrics.jsonl")]), None, RunFailed)
     assert status(lf)["state"] == "interrupted" and tr.closed and unlocked(lf)
+
+
+def test_a_run_whose_checkpoint_cannot_be_written_fails_alone(tmp_path):
+    """A group's checkpoints are written together: the run whose file cannot be written fails
+    naming it, with its previous checkpoint kept; the other run finishes with its own."""
+    class Homeless(Trainer):
+        def checkpoint(self, run_dir):
+            if self.iteration < 4:
+                return super().checkpoint(run_dir)
+            self.saved.append(self.iteration)
+            return [(run_dir / "gone" / "checkpoint.pt", b"x")]
+
+    lives = [life(tmp_path, "a"), life(tmp_path, "b")]
+    trs = [Trainer(n=5), Homeless(n=5)]
+
+    def iterate_all(live):
+        return [trs[i].iterate() for i in live]
+
+    states, errors = run_group(trs, lives, iterate_all, lambda i: writer(lives[i]))
+    assert states == ["finished", "failed"]
+    assert "gone/checkpoint.pt" in errors[1] and "iteration 2" in errors[1]
+    assert (lives[0].run_dir / "checkpoint.pt").read_bytes() == b"5"
+    assert (lives[1].run_dir / "checkpoint.pt").read_bytes() == b"2"
+    assert trs[0].saved == [2, 4, 5] and trs[1].saved == [2, 4]
+    assert all(unlocked(lf) for lf in lives)

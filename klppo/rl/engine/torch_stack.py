@@ -190,9 +190,9 @@ class TorchStack:
         return [float(self.slots[r].head.kl(old[a], params[a]).mean()) for a, r in enumerate(rows)]
 
     def _actors(self, rows: np.ndarray, x: torch.Tensor) -> torch.Tensor:
-        """The distribution parameters of ``rows`` at ``x [A, B, obs_dim]`` on a copy of their weights, a single
-        row padded to two as in :meth:`step`, so a row's numbers depend neither on its place in
-        the stack nor on how many rows are computed beside it."""
+        """The distribution parameters of ``rows`` at ``x [A, B, obs_dim]``, computed on a copy
+        of their weights, a single row padded to two as in :meth:`step`: a row's numbers depend
+        neither on its place in the stack nor on how many rows are computed beside it."""
         r_idx = torch.tensor(rows, device=self.device)
         if len(rows) == 1:
             params, _ = self.nets(self.W[r_idx.repeat(2)], x.repeat(2, 1, 1), critic=False)
