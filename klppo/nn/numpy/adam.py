@@ -81,14 +81,17 @@ class NumpyAdam:
         """Row ``r``'s learning rate."""
         self.lr[r] = float(lr)
 
-    def _clip(self, g: np.ndarray, r: int) -> float:
-        """Clip row ``r``'s gradient ``g`` in place (clip_grad_norm_'s rule; a factor of 1
-        would change no bit, so none is applied); its pre-clip norm."""
-        norm = float(np.sqrt(np.dot(g, g)))  # (a float32 sqrt)
-        coef = self.max_norm[r] / (norm + 1e-6)
-        if coef < 1.0:
-            g *= np.float32(coef)
-        return norm
+    def _clip(self, grad: np.ndarray, idx: list[int]) -> list[float]:
+        """Clip each row ``grad[a]`` (the gradient of row ``idx[a]``) in place by
+        clip_grad_norm_'s rule; the pre-clip norms. Each row's squared norm is its own
+        ``np.dot`` (``matmul`` of a row by a column calls the same BLAS dot), its square root a
+        float32 one; a row under its limit is multiplied by 1, which changes no bit."""
+        sq = np.matmul(grad[:, None, :], grad[:, :, None])[:, 0, 0]
+        norms = np.sqrt(sq).astype(np.float64)
+        coef = self.max_norm[idx] / (norms + 1e-6)
+        # fmin: a NaN norm's row is left as it is (NaN < 1 is false in the rule)
+        grad *= np.fmin(coef, 1.0).astype(np.float32)[:, None]
+        return norms.tolist()
 
     def step(self, grad: np.ndarray, rows: np.ndarray | None = None,
              params: np.ndarray | None = None) -> list[float]:
@@ -99,7 +102,7 @@ class NumpyAdam:
         idx = range(len(self.t)) if rows is None else [int(r) for r in rows]
         p = self.params if params is None else params
         m, v = (self.m, self.v) if whole else (self.m[idx], self.v[idx])
-        norms = [self._clip(grad[a], r) for a, r in enumerate(idx)]
+        norms = self._clip(grad, list(idx))
         factors: tuple[Any, ...]
         if len(idx) == 1:  # one row: float32 scalars (the columns' numbers, less overhead)
             r = idx[0]

@@ -113,3 +113,23 @@ def test_adams_factor_columns_are_each_rows_own_factors_to_the_bit():
     for r in range(A):
         for col, want in zip(cols, _factors(lr[r], t[r], eps[r])):
             assert col.dtype == np.float32 and col[r, 0].tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("P", [1, 7, 1001, 9155])
+def test_the_stacks_clip_takes_each_rows_own_dot_for_its_norm(P):
+    """The stack clips all rows in one call: each row's norm must still be its own
+    ``np.sqrt(np.dot(g, g))`` (another summation order rounds otherwise) and its factor
+    clip_grad_norm_'s, applied only where it is below 1; magnitudes from subnormal squares to
+    an overflowing one, and a row holding a NaN (left as it is, as a row alone leaves it)."""
+    rng = np.random.default_rng(P)
+    g = (rng.standard_normal((7, P)) * 10.0 ** rng.uniform(-20, 15, (7, 1))).astype(np.float32)
+    g[6, 0] = np.nan
+    max_norm = np.array([0.5, 1e30, 1e-3, 10.0, 0.5, 1.0, 0.5])
+    adam = NumpyAdam(np.zeros((7, P), np.float32), np.full(7, 1e-3), np.full(7, 1e-5), max_norm)
+    want = [float(np.sqrt(np.dot(row, row))) for row in g]
+    clipped = g.copy()
+    assert np.array_equal(adam._clip(clipped, list(range(7))), want, equal_nan=True)
+    for r in range(7):
+        coef = max_norm[r] / (want[r] + 1e-6)
+        assert np.array_equal(clipped[r], g[r] * np.float32(coef) if coef < 1.0 else g[r],
+                              equal_nan=True)
