@@ -1,10 +1,10 @@
 """Atomic file writes: a temp file beside the target, fsync, rename over it.
 
 A kill or a full disk at any moment leaves the previous file intact (or the new one, whole),
-and a failed write removes its temp file. :func:`atomic_write_all` writes several files so,
-their fsyncs side by side: a group of runs checkpoints every run at the same iteration, and the
-filesystem's journal can commit several files in one flush where one after another each waits
-for its own.
+and a failed write removes its temp file. :func:`atomic_write_all` writes several runs' files
+so, their fsyncs side by side: a group of runs checkpoints every run at the same iteration, and
+the filesystem's journal can commit several files in one flush where one after another each
+waits for its own.
 """
 
 from __future__ import annotations
@@ -28,32 +28,42 @@ def temp_name(path: Path) -> Path:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically; an :class:`OSError` names ``path`` (the file the
     user knows, not the temp file)."""
-    error = atomic_write_all([(path, data)])[0]
+    error = atomic_write_all([[(path, data)]])[0]
     if error is not None:
         raise error
 
 
-def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> list[OSError | None]:
-    """Write each ``(path, data)`` atomically: every temp file written, their fsyncs side by
-    side, then each renamed over its path in order. Per file ``None`` or the :class:`OSError`
-    (naming its path) that left its previous file in place; a file's failure does not stop the
-    others. An interruption (``KeyboardInterrupt``) removes the temp files not yet renamed."""
-    errors: list[OSError | None] = [None] * len(files)
-    temps = [temp_name(path) for path, _ in files]
+Files = Sequence[tuple[Path, bytes]]
+
+
+def atomic_write_all(sets: Sequence[Files]) -> list[OSError | None]:
+    """Write sets of files (one set per run: its ``(path, data)`` pairs), each file
+    atomically: every temp file written, their fsyncs side by side, then the files of each set
+    whose every file was written and synced renamed over their paths, in order. Per set
+    ``None`` or the first :class:`OSError` (naming its path); a set that failed before its
+    renames keeps all its previous files, and one set's failure does not stop the others. An
+    interruption (``KeyboardInterrupt``) removes the temp files not yet renamed."""
+    flat = [(s, path, data) for s, files in enumerate(sets) for path, data in files]
+    temps = [temp_name(path) for _, path, _ in flat]
+    errors: list[OSError | None] = [None] * len(sets)
+
+    def note(s: int, e: OSError | None, path: Path) -> None:
+        if e is not None and errors[s] is None:
+            errors[s] = OSError(e.errno, e.strerror, str(path))
+
     try:
-        for k, (_, data) in enumerate(files):
-            errors[k] = _attempt(_write, temps[k], data)
-        todo = [k for k in range(len(files)) if errors[k] is None]
+        for (s, path, data), tmp in zip(flat, temps):
+            note(s, _attempt(_write, tmp, data), path)
+        todo = [k for k, (s, _, _) in enumerate(flat) if errors[s] is None]
         for k, e in zip(todo, _sync_all([temps[k] for k in todo])):
-            errors[k] = e
-        for k, (path, _) in enumerate(files):
-            if errors[k] is None:
-                errors[k] = _attempt(os.replace, temps[k], path)
-    finally:  # a renamed temp file is gone; any other is removed
+            note(flat[k][0], e, flat[k][1])
+        for (s, path, _), tmp in zip(flat, temps):
+            if errors[s] is None:
+                note(s, _attempt(os.replace, tmp, path), path)
+    finally:  # a renamed temp file is gone; any other is removed (as far as the disk lets)
         for tmp in temps:
-            tmp.unlink(missing_ok=True)
-    return [None if e is None else OSError(e.errno, e.strerror, str(path))
-            for e, (path, _) in zip(errors, files)]
+            _attempt(tmp.unlink, True)
+    return errors
 
 
 def _attempt(fn: Callable[..., object], *args: object) -> OSError | None:
@@ -79,7 +89,10 @@ def _sync(tmp: Path) -> None:
 
 def _sync_all(temps: list[Path]) -> list[OSError | None]:
     """fsync each file; several at once in threads (no file stays open while it waits)."""
-    if len(temps) <= 1:
-        return [_attempt(_sync, t) for t in temps]
-    with ThreadPoolExecutor(min(MAX_SYNCS, len(temps))) as pool:
-        return list(pool.map(lambda t: _attempt(_sync, t), temps))
+    if len(temps) > 1:
+        try:
+            with ThreadPoolExecutor(min(MAX_SYNCS, len(temps))) as pool:
+                return list(pool.map(lambda t: _attempt(_sync, t), temps))
+        except RuntimeError:  # no thread to be had (a pid or thread limit): one after another
+            pass
+    return [_attempt(_sync, t) for t in temps]

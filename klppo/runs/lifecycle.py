@@ -147,9 +147,9 @@ def checkpoint_due(tr: Trainer, stop: StopRequest) -> bool:
 
 def save(tr: Trainer, life: RunLife) -> None:
     """Write ``tr``'s checkpoint into its run directory (each file atomically)."""
-    for error in atomic_write_all(tr.checkpoint(life.run_dir)):
-        if error is not None:
-            raise error
+    error = atomic_write_all([tr.checkpoint(life.run_dir)])[0]
+    if error is not None:
+        raise error
     life.saved = tr.iteration
 
 

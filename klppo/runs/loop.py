@@ -152,7 +152,8 @@ def _iterate(g: _Group, iterate_all: IterateAll, on_iteration: OnIteration,
         for i in g.live():
             if g.trainers[i].iteration >= g.trainers[i].num_iterations:
                 g.end(i, "finished")
-        if stop.requested:
+        if stop.requested:  # (it may have come while the due checkpoints were written)
+            _checkpoint(g, [i for i in g.live() if g.lives[i].saved != g.trainers[i].iteration])
             for i in g.live():
                 g.lives[i].stop_signal = stop.signum
                 g.end(i, "interrupted")
@@ -161,23 +162,15 @@ def _iterate(g: _Group, iterate_all: IterateAll, on_iteration: OnIteration,
 def _checkpoint(g: _Group, due: list[int]) -> None:
     """The checkpoints of the runs ``due``, written together (each file atomically, their
     fsyncs side by side); a run whose checkpoint cannot be made or written fails alone."""
-    files: list[tuple[Path, bytes]] = []
-    owners: list[int] = []
+    sets: dict[int, list[tuple[Path, bytes]]] = {}
     for i in due:
         try:
-            made = g.trainers[i].checkpoint(g.lives[i].run_dir)
+            sets[i] = g.trainers[i].checkpoint(g.lives[i].run_dir)
         except Exception as e:  # noqa: BLE001 - e.g. the policy export on a full disk
             g.end(i, "failed", e, g.trainers[i].iteration)
-            continue
-        files += made
-        owners += [i] * len(made)
-    failed: dict[int, OSError] = {}
-    for i, error in zip(owners, atomic_write_all(files)):
+    for i, error in zip(sets, atomic_write_all(list(sets.values()))):
         if error is not None:
-            failed.setdefault(i, error)
-    for i in dict.fromkeys(owners):
-        if i in failed:
-            g.end(i, "failed", failed[i], g.trainers[i].iteration)
+            g.end(i, "failed", error, g.trainers[i].iteration)
         else:
             g.lives[i].saved = g.trainers[i].iteration
 

@@ -137,3 +137,26 @@ def test_a_run_whose_checkpoint_cannot_be_written_fails_alone(tmp_path):
     assert (lives[1].run_dir / "checkpoint.pt").read_bytes() == b"2"
     assert trs[0].saved == [2, 4, 5] and trs[1].saved == [2, 4]
     assert all(unlocked(lf) for lf in lives)
+
+
+def test_a_stop_requested_while_the_checkpoints_are_written_checkpoints_every_run(tmp_path):
+    """SIGINT arrives while run 0 writes its checkpoint (every 2 iterations): run 1, not due
+    (every 5), must still finish the iteration with a checkpoint before it ends 'interrupted'."""
+    import signal
+
+    from tests.signalguard import send_self
+
+    class Signalling(Trainer):
+        def checkpoint(self, run_dir):
+            send_self(signal.SIGINT)
+            return super().checkpoint(run_dir)
+
+    class Rare(Trainer):
+        checkpoint_every = property(lambda self: 5)
+
+    lives, trs = [life(tmp_path, "a"), life(tmp_path, "b")], [Signalling(n=6), Rare(n=6)]
+    states, _ = run_group(trs, lives, lambda live: [trs[i].iterate() for i in live],
+                          lambda i: writer(lives[i]))
+    assert states == ["interrupted", "interrupted"]
+    assert trs[0].saved == [2] and trs[1].saved == [2]
+    assert [status(lf)["checkpoint_iteration"] for lf in lives] == [2, 2]
