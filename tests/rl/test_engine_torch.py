@@ -233,3 +233,34 @@ def test_a_torch_run_with_one_env_does_not_depend_on_its_row(tmp_path):
                              for s in seeds])
         seen.append(strip(res[seeds.index(1)].metrics))
     assert seen[0] == seen[1] == seen[2]
+
+
+def test_a_torch_steps_results_reach_the_cpu_once_per_quantity_not_per_row(monkeypatch):
+    """Three rows' step outputs: one transfer per quantity (a device sync each on a GPU),
+    whatever the number of rows; each row gets its own numbers, names and dtypes (a term only
+    some rows have stays theirs)."""
+    from klppo.rl.engine import torch_stack
+
+    moved = []
+    real = torch_stack._cpu
+    monkeypatch.setattr(torch_stack, "_cpu", lambda t: moved.append(t.shape) or real(t))
+    n, A = 5, 3
+    g = torch.Generator().manual_seed(0)
+    outs = [(torch.randn(n, generator=g), torch.randn(n, generator=g),
+             torch.randn(n, generator=g), torch.randn(n, generator=g),
+             {"loss": torch.tensor(float(a)), "per_sample/ratio": torch.randn(n, generator=g),
+              **({"kl_penalty": torch.tensor(7.0)} if a == 1 else {}),
+              "per_sample/value_clipped": torch.arange(n) % 2 == a % 2})
+            for a in range(A)]
+    adv, norms = torch.randn(A, n, generator=g), torch.tensor([1.0, 2.0, 3.0])
+    idx = np.arange(A * n).reshape(A, n)
+    res = torch_stack._results(idx, adv, norms, outs)
+    assert len(moved) == 4 + 2 + 2 + 2  # logp values entropy kl, adv norms, 2 terms, 2 samples
+    for a, r in enumerate(res):
+        for got, want in zip((r.logp, r.values, r.entropy, r.kl), outs[a][:4]):
+            assert torch.equal(got, want)
+        assert torch.equal(r.adv, adv[a]) and float(r.grad_norm) == a + 1.0
+        assert r.idx.tolist() == idx[a].tolist()
+        assert list(r.terms) == (["loss", "kl_penalty"] if a == 1 else ["loss"])
+        assert r.samples["value_clipped"].dtype == torch.bool
+        assert torch.equal(r.samples["value_clipped"], outs[a][4]["per_sample/value_clipped"])

@@ -77,6 +77,34 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu()
 
 
+def _results(idx: np.ndarray, adv: torch.Tensor, norms: torch.Tensor,
+             outs: list[tuple[Any, ...]]) -> list[StepResult]:
+    """Each row's :class:`StepResult` from its ``(logp, values, entropy, kl, loss output)``:
+    every quantity reaches the CPU once for all the rows that have it (one transfer, a device
+    sync on a GPU, per quantity and step; not one per row), stacked per name so that no
+    quantity changes its dtype."""
+    A = len(outs)
+    with torch.no_grad():
+        logp, values, entropy, kl = (_cpu(torch.stack(q)) for q in zip(*(o[:4] for o in outs)))
+    adv, norms = _cpu(adv), _cpu(norms)
+
+    def by_name(keys: list[tuple[str, str]]) -> list[dict[str, torch.Tensor]]:
+        rows: list[dict[str, torch.Tensor]] = [{} for _ in range(A)]
+        for name, key in keys:
+            have = [a for a in range(A) if key in outs[a][4]]
+            if have:
+                with torch.no_grad():
+                    moved = _cpu(torch.stack([outs[a][4][key] for a in have]))
+                for j, a in enumerate(have):
+                    rows[a][name] = moved[j]
+        return rows
+
+    terms = by_name([(k, k) for k in TERMS])
+    samples = by_name([(k, f"per_sample/{k}") for k in PER_SAMPLE])
+    return [StepResult(torch.from_numpy(idx[a]), logp[a], values[a], entropy[a], kl[a], adv[a],
+                       norms[a], terms[a], samples[a]) for a in range(A)]
+
+
 class TorchStack:
     """R networks of one shape stacked row by row on one device (see the module docstring)."""
 
@@ -168,17 +196,7 @@ class TorchStack:
             outs.append((logp, values[a], entropy, kl, out))
         (G,) = torch.autograd.grad(total, W)
         norms = self.adam.step(self.W, G[:len(rows)], r_idx)
-        return [self._result(mb.idx[a], f["adv"][a], norms[a], *o) for a, o in enumerate(outs)]
-
-    @staticmethod
-    def _result(idx: np.ndarray, adv: torch.Tensor, norm: torch.Tensor, logp: torch.Tensor,
-                values: torch.Tensor, entropy: torch.Tensor, kl: torch.Tensor,
-                out: dict[str, Any]) -> StepResult:
-        terms = {k: _cpu(out[k]) for k in TERMS if k in out}
-        samples = {k: _cpu(out[f"per_sample/{k}"]) for k in PER_SAMPLE
-                   if f"per_sample/{k}" in out}
-        return StepResult(torch.from_numpy(idx), _cpu(logp), _cpu(values), _cpu(entropy),
-                          _cpu(kl), _cpu(adv), _cpu(norm), terms, samples)
+        return _results(mb.idx, f["adv"], norms, outs)
 
     @torch.no_grad()
     def policy_kl(self, rows: np.ndarray, obs: np.ndarray, old_params: np.ndarray,
