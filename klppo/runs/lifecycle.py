@@ -16,14 +16,13 @@ from typing import Any, Protocol
 
 from klppo.runs import metrics as M
 from klppo.runs import rundir as R
-from klppo.runs.atomic import atomic_write_all
 from klppo.runs.errors import ResumeError
 from klppo.runs.signals import StopRequest
 from klppo.runs.typecheck import short_repr
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Trainer", "RunLife", "fail", "record", "checkpoint_due", "save", "check_metrics",
+__all__ = ["Trainer", "RunLife", "fail", "record", "checkpoint_due", "check_metrics",
            "check_run_dir", "metrics_records", "OnIteration", "StopRun"]
 
 OnIteration = Callable[[dict[str, Any]], None] | None
@@ -143,14 +142,6 @@ def checkpoint_due(tr: Trainer, stop: StopRequest) -> bool:
     """A checkpoint after this iteration: the last, one at the cadence, or a stop requested."""
     return (tr.iteration == tr.num_iterations or tr.iteration % tr.checkpoint_every == 0
             or stop.requested)
-
-
-def save(tr: Trainer, life: RunLife) -> None:
-    """Write ``tr``'s checkpoint into its run directory (each file atomically)."""
-    error = atomic_write_all([tr.checkpoint(life.run_dir)])[0]
-    if error is not None:
-        raise error
-    life.saved = tr.iteration
 
 
 # ------------------------------------------------------------------------------ resume checks

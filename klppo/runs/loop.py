@@ -29,7 +29,6 @@ from klppo.runs.lifecycle import (
     checkpoint_due,
     fail,
     record,
-    save,
 )
 from klppo.runs.signals import StopRequest
 
@@ -178,11 +177,9 @@ def _checkpoint(g: _Group, due: list[int]) -> None:
 def _stop_run(g: _Group, i: int, request: StopRun) -> None:
     """End run ``i`` as an ``on_iteration`` callback asked, checkpointed (the callback came
     before the cadence's checkpoint); at its last iteration it is simply 'finished'."""
-    tr, life = g.trainers[i], g.lives[i]
-    try:
-        save(tr, life)
-    except Exception as e:  # noqa: BLE001 - the checkpoint failed: the run fails with it
-        g.end(i, "failed", e, tr.iteration)
+    tr = g.trainers[i]
+    _checkpoint(g, [i])  # a checkpoint that fails fails the run
+    if g.states[i] != "running":
         return
     if tr.iteration < tr.num_iterations:
         g.end(i, request.state, reason=request.reason)
