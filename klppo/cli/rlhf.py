@@ -6,10 +6,10 @@ from __future__ import annotations
 import signal
 
 from klppo.cli.errors import REPORTED, FlagError, crashed, fail, signal_exit, stopped_at_once
-from klppo.cli.flags import OneLineParser, parse_config_flags
+from klppo.cli.flags import Once, OneLineParser, name_arg, parse_config_flags
 from klppo.cli.progress import Bar, Closes, Part, quiet_hf_progress
 
-RLHF_USAGE = """klppo rlhf [--config FILE.yaml] [FLAGS...]
+RLHF_USAGE = """klppo rlhf [--preset NAME] [--config FILE.yaml] [FLAGS...]
        klppo rlhf --resume RUN_DIR
        klppo rlhf compare [FLAGS...]
 
@@ -18,8 +18,11 @@ Ziegler et al.), scored by a sentiment reward. The PPO and KL flags have `klppo 
 (--ppo.lr, --kl.controller, --kl.target, ...); the older names (--lr, --controller, ...) still
 work.
 
---config: a YAML mapping of the fields below (flags override it). --resume continues a run
-from its last checkpoint exactly (the run's config.yaml is used; no other flags)."""
+--preset: start from named settings measured to hold a KL target: smollm2 (SmolLM2-135M, lr
+1e-5, the PID rule, target 3 nats per sequence; the defaults below are the 1M-parameter Austen
+model's, whose lr 1e-4 no beta holds on a pretrained LM). --config: a YAML mapping of the
+fields below, over the preset (flags override both). --resume continues a run from its last
+checkpoint exactly (the run's config.yaml is used; no other flags)."""
 
 
 class RLHFProgress(Closes):
@@ -45,17 +48,18 @@ class RLHFProgress(Closes):
 
 
 
-def _rlhf_config(config: str | None, rest: list[str]):
-    """The config from --config (YAML) and the flags over it, validated."""
+def _rlhf_config(preset: str | None, config: str | None, rest: list[str]):
+    """The config from --preset, --config (YAML) over it and the flags over both, validated."""
     from klppo.lm.config import ConfigError, RLHFConfig
+    from klppo.lm.presets import rlhf_preset
 
-    base = RLHFConfig()
+    base = RLHFConfig() if preset is None else rlhf_preset(preset)
     if config is not None:
         from klppo.lm.config_checks import config_from_dict
         from klppo.runs.configfile import read_config_file
 
         try:
-            base = config_from_dict(read_config_file(config, "config"))
+            base = config_from_dict(read_config_file(config, "config"), base)
         except ConfigError as e:
             raise ConfigError(f"{e} (in {config})") from None
     return parse_config_flags(RLHFConfig, rest, "klppo rlhf", default=base,
@@ -71,8 +75,9 @@ def run(argv: list[str]) -> int:
 
         return run_compare(argv[1:])
     pre = OneLineParser(prog="klppo rlhf", add_help=False, allow_abbrev=False)
-    pre.add_argument("--config")
-    pre.add_argument("--resume")
+    pre.add_argument("--preset", type=name_arg, action=Once)
+    pre.add_argument("--config", action=Once)
+    pre.add_argument("--resume", action=Once)
     known, rest = pre.parse_known_args(argv)
     try:
         res = _start(known, rest)
@@ -96,15 +101,17 @@ def run(argv: list[str]) -> int:
 def _start(known, rest: list[str]):
     """Run (or resume) what the flags ask for; the RLHF result."""
     if known.resume is None:
-        cfg = _rlhf_config(known.config, rest)  # --help exits here, before torch is imported
+        # --help exits here, before torch is imported
+        cfg = _rlhf_config(known.preset, known.config, rest)
         from klppo.lm.rlhf import rlhf
 
         quiet_hf_progress()
         with RLHFProgress(cfg.iterations) as progress:
             return rlhf(cfg, on_iteration=progress)
-    if rest or known.config is not None:
+    if rest or known.config is not None or known.preset is not None:
+        given = ' '.join(rest) or ('--config' if known.config is not None else '--preset')
         raise FlagError(f"resume={known.resume!r}: takes no other flags (the run's "
-                        f"config.yaml is used), got {' '.join(rest) or '--config'}")
+                        f"config.yaml is used), got {given}")
     from klppo.lm.rlhf import read_run_config, resume_rlhf
 
     quiet_hf_progress()

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from klppo.cli.errors import FAILED, REPORTED, FlagError, fail
-from klppo.cli.flags import OneLineParser, path_arg, yaml_value
+from klppo.cli.flags import OneLineParser, name_arg, path_arg, yaml_value
 from klppo.cli.progress import Eta, clock
 
 
@@ -38,16 +38,24 @@ def _compare_parser() -> argparse.ArgumentParser:
                       description="fixed vs adaptive KL control, both regimes: four arms per "
                                   "seed (a too-strong and a too-weak fixed beta, and the "
                                   "adaptive controller started from each), then the report")
-    p.add_argument("--model", default="runs/lm/base",
-                   help="pretrained HF model directory (klppo lm pretrain)")
+    p.add_argument("--preset", type=name_arg, default=argparse.SUPPRESS,
+                   help="start every arm from a `klppo rlhf --preset` (smollm2: SmolLM2-135M, "
+                        "lr 1e-5, the PID rule, target 3); the flags below override it "
+                        "(default: none, the Austen model's settings)")
+    p.add_argument("--model", default=argparse.SUPPRESS,
+                   help="pretrained HF model directory (klppo lm pretrain), or smollm2 "
+                        "(default: the preset's, else runs/lm/base)")
     p.add_argument("--out", type=path_arg, default="runs/rlhf-compare",
                    help="comparison directory (runs/ and report/)")
-    p.add_argument("--iterations", type=int, default=150, help="PPO iterations per arm")
+    p.add_argument("--iterations", type=int, default=argparse.SUPPRESS,
+                   help="PPO iterations per arm (default: the preset's, else 150)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (4 arms each)")
     p.add_argument("--strong-beta", type=float, default=2.0, help="too-strong fixed beta")
     p.add_argument("--weak-beta", type=float, default=0.04, help="too-weak fixed beta")
-    p.add_argument("--adaptive", default="proportional", help="adaptive controller")
-    p.add_argument("--target", type=float, default=6.0, help="target KL (nats per sequence)")
+    p.add_argument("--adaptive", default=argparse.SUPPRESS,
+                   help="adaptive controller (default: the preset's, else proportional)")
+    p.add_argument("--target", type=float, default=argparse.SUPPRESS,
+                   help="target KL, nats per sequence (default: the preset's, else 6)")
     p.add_argument("--workers", type=int, default=2, help="arms in parallel")
     p.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
                    help="other RLHFConfig fields, e.g. lr=0.0001 kl_estimator=k3")
@@ -81,21 +89,26 @@ def _compare_configs(a: argparse.Namespace) -> dict:
     from klppo.lm.config import RLHFConfig
     from klppo.lm.config_checks import config_from_dict
     from klppo.lm.model import check_model_dir
+    from klppo.lm.presets import rlhf_preset
     from klppo.runs.paths import check_writable
 
     for flag, v in (("--strong-beta", a.strong_beta), ("--weak-beta", a.weak_beta)):
         if not (math.isfinite(v) and v >= 0):
             raise FlagError(f"{flag}={v!r}: must be finite and >= 0")
-    if a.adaptive not in CONTROLLERS:
-        raise FlagError(f"--adaptive={a.adaptive!r}: must be one of {sorted(CONTROLLERS)}")
     if a.workers < 1:
         raise FlagError(f"--workers={a.workers!r}: must be an integer >= 1")
     if len(set(a.seeds)) != len(a.seeds):
         raise FlagError(f"--seeds={a.seeds!r}: must be distinct")
-    base = config_from_dict(_set_fields(a.set), RLHFConfig(
-        model=a.model, iterations=a.iterations, target=a.target))
-    configs = arms(base, a.strong_beta, a.weak_beta, a.adaptive, a.seeds)
-    check_model_dir(a.model)
+    preset = getattr(a, "preset", None)  # (flags not given are absent: defaults are the base's)
+    base = RLHFConfig() if preset is None else rlhf_preset(preset)
+    given = {k: getattr(a, k) for k in ("model", "iterations", "target") if hasattr(a, k)}
+    base = config_from_dict({**given, **_set_fields(a.set)}, base)
+    adaptive = getattr(a, "adaptive", base.controller)
+    if adaptive not in CONTROLLERS or adaptive == "fixed":
+        raise FlagError(f"--adaptive={adaptive!r}: must be one of "
+                        f"{sorted(set(CONTROLLERS) - {'fixed'})}")
+    configs = arms(base, a.strong_beta, a.weak_beta, adaptive, a.seeds)
+    check_model_dir(base.model)
     check_writable(a.out)
     return configs
 
@@ -111,7 +124,8 @@ def run(argv: list[str]) -> int:
     except REPORTED as e:
         return fail("rlhf compare", e)
     t0 = time.perf_counter()
-    print(f"{len(configs)} arms, {a.iterations} iterations each, {a.workers} at a time",
+    iterations = next(iter(configs.values())).iterations
+    print(f"{len(configs)} arms, {iterations} iterations each, {a.workers} at a time",
           flush=True)
 
     eta, ended = Eta(len(configs), from_first=False, wave=a.workers), [0]

@@ -15,6 +15,7 @@ import torch
 from klppo.core.kl import NOT_KL, per_sequence_sum, per_token_mean
 from klppo.core.kl_gradient_claims import KLGradientWarning
 from klppo.lm.config import ConfigError, RLHFConfig, kl_gradient_warning
+from klppo.lm.presets import RLHF_PRESETS
 from klppo.lm.pretrain import encode
 
 log = logging.getLogger("klppo.lm.experiment")
@@ -57,6 +58,10 @@ def check_lengths(cfg: RLHFConfig, lm: Any) -> None:
         raise ConfigError(f"eval_seq_len={cfg.eval_seq_len!r}: exceeds the model's {n} positions")
 
 
+#: the learning rate from which a named pretrained model is warned about: its KL ran away at
+#: 1e-4 whatever beta was (docs/algorithms.md, "Can beta hold the KL of a pretrained LM?")
+PRETRAINED_LR_LIMIT = 1e-4
+
 #: the unit of each kl_unit, for messages
 KL_UNITS = {"per_sequence_sum": "nats per sequence", "per_token_mean": "nats per token",
             "per_token_mean_all": "nats per position (padding included)"}
@@ -79,6 +84,11 @@ def say_what_the_choices_mean(cfg: RLHFConfig) -> None:
     if cfg.controller == "proportional" and cfg.target is None:
         log.warning("controller proportional with no target: a fixed beta %g (trlx's "
                     "semantics)", cfg.beta)
+    if cfg.model in RLHF_PRESETS and cfg.lr >= PRETRAINED_LR_LIMIT:
+        log.warning("lr=%g on model %s: at lr 1e-4 the KL of SmolLM2-135M grew about 1 nat "
+                    "per iteration whatever beta was (docs/results/rlhf-smollm2); --preset %s "
+                    "(lr 1e-5, the PID rule) held a target of 3 nats on 3 seeds (%s)",
+                    cfg.lr, cfg.model, cfg.model, RLHF_PRESETS[cfg.model][1])
     if cfg.kl_estimator in NOT_KL:
         log.warning("kl_estimator %s does not estimate KL(policy || reference) (see "
                     "klppo.core.kl); chosen to reproduce a peer", cfg.kl_estimator)

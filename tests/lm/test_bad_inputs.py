@@ -140,6 +140,12 @@ RLHF_CASES = {
     "resume_not_run": (_resume("empty"), ["resume=", "no config.yaml"]),
     "resume_other_kind": (_resume("train_run"), ["config=", "kind=None", "klppo train"]),
     "resume_with_flags": (_resume("extra"), ["resume=", "takes no other flags", "--lr"]),
+    # --preset
+    "preset_unknown": (_flags("--preset", "smollm3"),
+                       ["preset='smollm3'", "no such RLHF preset", "smollm2"]),
+    "preset_empty": (_flags("--preset", ""), ["--preset", "''", "not a name"]),
+    "preset_twice": (_flags("--preset", "smollm2", "--preset", "smollm2"),
+                     ["--preset", "given twice"]),
 }
 
 
@@ -231,6 +237,8 @@ COMPARE_CASES = {
     "weak_beta_nan": (["--weak-beta", "nan"], ["--weak-beta=nan", "finite"]),
     "strong_beta_overflow": (["--strong-beta", "1e400"], ["--strong-beta=inf"]),
     "adaptive_unknown": (["--adaptive", "magic"], ["--adaptive='magic'", "one of"]),
+    "adaptive_fixed": (["--adaptive", "fixed"], ["--adaptive='fixed'", "one of", "pid"]),
+    "preset_unknown": (["--preset", "smollm3"], ["preset='smollm3'", "smollm2"]),
     "target_zero": (["--target", "0"], ["target=0.0", "> 0"]),
     "workers_zero": (["--workers", "0"], ["--workers=0"]),
     "seeds_repeated": (["--seeds", "0", "0"], ["--seeds=[0, 0]", "distinct"]),

@@ -26,9 +26,17 @@ def test_rlhf_compare_help_shows_every_default(capsys):
         main(["rlhf", "compare", "--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    for default in ("runs/lm/base", "runs/rlhf-compare", "150", "[0]", "2.0", "0.04",
-                    "proportional", "6.0"):
+    for default in ("runs/rlhf-compare", "[0]", "2.0", "0.04"):
         assert f"(default: {default})" in out
+    for flag, default in (("--model", "runs/lm/base"), ("--iterations", "150"),
+                          ("--adaptive", "proportional"), ("--target", "6")):
+        # the defaults without a preset, which are RLHFConfig's
+        assert re.search(rf"{flag} \S+ .*?\(default: the preset's, else {default}\)", out)
+    from klppo.lm.config import RLHFConfig
+
+    c = RLHFConfig()
+    assert (c.model, c.iterations, c.controller, c.target) == ("runs/lm/base", 150,
+                                                              "proportional", 6.0)
 
 
 def test_pretrain_prints_progress(tmp_path, capsys, monkeypatch):
