@@ -1,4 +1,5 @@
-"""Generalised advantage estimation on ``[T, N]`` rollouts, with terminated vs truncated."""
+"""Generalised advantage estimation on ``[T, N]`` rollouts (or ``[..., T, N]``: rollouts side
+by side), with terminated vs truncated."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE(gamma, lambda) advantages and lambda-returns.
 
+    Leading dimensions are rollouts side by side (``[R, T, N]``: R runs' rollouts, the engine's
+    stacked buffer): every operation is elementwise, so each rollout's numbers are those it
+    gets alone.
+
     Args:
         rewards: ``[T, N]`` reward received after the action at step t.
         values: ``[T, N]`` ``V(s_t)``.
@@ -33,7 +38,7 @@ def gae(
         gamma: discount in [0, 1]. lam: GAE lambda in [0, 1].
 
     Returns:
-        ``(advantages, returns)`` of shape ``[T, N]``, ``returns = advantages + values``, with
+        ``(advantages, returns)`` of shape ``[T, N]`` (``[..., T, N]``), ``returns = advantages + values``, with
         ``delta_t = r_t + gamma (1 - term_t) next_v_t - v_t`` and
         ``A_t = delta_t + gamma lam (1 - (term_t or trunc_t)) A_{t+1}``: the lambda trace is cut
         at either kind of episode end.
@@ -42,8 +47,9 @@ def gae(
         rewards=rewards, values=values, next_values=next_values,
         terminated=terminated, truncated=truncated,
     )
-    if rewards.dim() != 2:
-        raise ValueError(f"gae expects [T, N] tensors, got shape {tuple(rewards.shape)}")
+    if rewards.dim() < 2:
+        raise ValueError(f"gae expects [T, N] (or [..., T, N]) tensors, got shape "
+                         f"{tuple(rewards.shape)}")
     for name, v in (("gamma", gamma), ("lam", lam)):
         if not 0.0 <= float(v) <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {name}={v!r}")
@@ -56,15 +62,15 @@ def gae(
             and not (deltas.requires_grad or decay.requires_grad)):
         # the same float operations on numpy views of the tensors, a tenth of the per-call cost
         d, k, a = deltas.numpy(), decay.numpy(), adv.numpy()
-        last = np.zeros_like(a[0])
-        for t in range(a.shape[0] - 1, -1, -1):
-            last = d[t] + k[t] * last
-            a[t] = last
+        last = np.zeros_like(a[..., 0, :])
+        for t in range(a.shape[-2] - 1, -1, -1):
+            last = d[..., t, :] + k[..., t, :] * last
+            a[..., t, :] = last
         return adv, adv + values
-    last = torch.zeros_like(rewards[0])
-    for t in range(rewards.shape[0] - 1, -1, -1):
-        last = deltas[t] + decay[t] * last
-        adv[t] = last
+    last = torch.zeros_like(rewards[..., 0, :])
+    for t in range(rewards.shape[-2] - 1, -1, -1):
+        last = deltas[..., t, :] + decay[..., t, :] * last
+        adv[..., t, :] = last
     return adv, adv + values
 
 

@@ -204,10 +204,15 @@ class PolicyUnit:
                                    weight=None if p.mismatch_correction == "none" else w[:, 0])
 
     # ---------------------------------------------------------------- phases
-    def advantages(self, b: RolloutBuffer) -> Batch:
+    def advantages(self, b: RolloutBuffer,
+                   adv_ret: tuple[torch.Tensor, torch.Tensor] | None = None) -> Batch:
+        """The rollout ``b`` as the update's batch, with its GAE advantages and returns
+        (``adv_ret``: computed with other runs' by :func:`klppo.rl.engine.advantages.group_gae`;
+        None: computed here)."""
         p = self.cfg.ppo
-        adv, ret = gae(b.rewards, b.values, b.next_values, b.terminated, b.truncated,
-                       p.gamma, p.gae_lambda)
+        adv, ret = adv_ret if adv_ret is not None else gae(
+            b.rewards, b.values, b.next_values, b.terminated, b.truncated, p.gamma,
+            p.gae_lambda)
         flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
         return Batch(flat(b.obs), flat(b.actions), flat(b.logp), flat(b.params), flat(b.values),
                      flat(adv), flat(ret))

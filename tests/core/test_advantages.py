@@ -137,3 +137,25 @@ def test_numpy_loop_equals_the_torch_loop_bit_for_bit(dtype):
     assert torch.equal(fast_adv, adv.detach()) and torch.equal(fast_ret, ret.detach())
     adv.sum().backward()
     assert vg.grad is not None and bool((vg.grad != 0).any())
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_rollouts_side_by_side_equal_each_alone_bit_for_bit(grad):
+    """``[R, T, N]``: R rollouts in one call (the engine's stacked buffer) give each rollout
+    the numbers it gets alone, on the numpy loop and on the torch loop."""
+    gen = torch.Generator().manual_seed(3)
+    rows = [rollout(64, 4, gen) for _ in range(5)]
+    r, v, nv, term, trunc = (torch.stack(x).float() if x[0].is_floating_point()
+                             else torch.stack(x) for x in zip(*rows))  # the engine's float32
+    # a rollout with large and tiny values, where a fused or reordered operation would round
+    r[2] = r[2] * 1e6
+    v[3] = v[3] * 1e-30
+    if grad:
+        v.requires_grad_(True)
+    adv, ret = gae(r, v, nv, term, trunc, 0.99, 0.95)
+    for a in range(5):
+        alone = gae(r[a], v[a], nv[a], term[a], trunc[a], 0.99, 0.95)
+        assert torch.equal(adv[a], alone[0]) and torch.equal(ret[a], alone[1])
+    deeper, _ = gae(*(x.reshape(5, 1, *x.shape[1:]) for x in (r, v, nv, term, trunc)),
+                    0.99, 0.95)
+    assert torch.equal(deeper[:, 0], adv)

@@ -11,7 +11,8 @@ asked for, in the visible phases of a PPO iteration:
 2. collection: single-agent runs of one stack in lock step (:func:`~.collect.collect_rows`: one
    stacked forward per env step), a multi-agent run over its own env loop; a policy with
    ``ppo.staleness`` k collects with its policy k updates back (:meth:`Group.collect`);
-3. advantages (a stale rollout's proximal policy and weights:
+3. advantages (GAE once per group of rollouts of one shape:
+   :func:`~.advantages.group_gae`; a stale rollout's proximal policy and weights:
    :meth:`klppo.rl.unit.PolicyUnit.proximal`), then the update of every row of each stack
    together (:func:`~.learn.update_rows`);
 4. each row's rollout KL from one stacked forward, and its iteration-cadence controller update;
@@ -30,6 +31,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from klppo.nn.numpy import mlp
+from klppo.rl.engine.advantages import group_gae
 from klppo.rl.engine.collect import collect_rows
 from klppo.rl.engine.learn import Rollouts, RunUpdate, policy_kls, update_rows
 from klppo.rl.envpool_backend import EnvPoolGroup
@@ -193,11 +195,18 @@ class Group:
         """Advantages, every stack's update, the rollout KLs and controllers, and each member's
         policy reports (``{policy name: metrics}``) or the error that stopped it."""
         errors: dict[int, BaseException] = {}
-        by_stack: dict[int, list[tuple[int, str, Any, RunUpdate]]] = defaultdict(list)
+        rolls: list[tuple[int, str, Any, Any]] = []
         for i, tr in trs.items():
             try:
-                for name, unit, buf in tr.rollouts(episodes[i]):
-                    u = RunUpdate(unit.learner, unit.proximal(unit.advantages(buf)))
+                rolls += [(i, name, unit, buf) for name, unit, buf in tr.rollouts(episodes[i])]
+            except Exception as e:  # noqa: BLE001 - this run's rollout: it alone stops
+                errors[i] = e
+        gaes = group_gae([(unit.cfg.ppo, buf) for _, _, unit, buf in rolls])
+        by_stack: dict[int, list[tuple[int, str, Any, RunUpdate]]] = defaultdict(list)
+        for (i, name, unit, buf), adv_ret in zip(rolls, gaes):
+            try:
+                if i not in errors:
+                    u = RunUpdate(unit.learner, unit.proximal(unit.advantages(buf, adv_ret)))
                     by_stack[id(u.stack)].append((i, name, unit, u))
             except Exception as e:  # noqa: BLE001 - this run's rollout: it alone stops
                 errors[i] = e
