@@ -39,7 +39,8 @@ def gae(
 
     Returns:
         ``(advantages, returns)`` of shape ``[T, N]`` (``[..., T, N]``),
-        ``returns = advantages + values``, with ``delta_t = r_t + gamma (1 - term_t) next_v_t - v_t`` and
+        ``returns = advantages + values``, with
+        ``delta_t = r_t + gamma (1 - term_t) next_v_t - v_t`` and
         ``A_t = delta_t + gamma lam (1 - (term_t or trunc_t)) A_{t+1}``: the lambda trace is cut
         at either kind of episode end.
     """
