@@ -68,10 +68,10 @@ def gae(
             last = d[..., t, :] + k[..., t, :] * last
             a[..., t, :] = last
         return adv, adv + values
-    last = torch.zeros_like(rewards[..., 0, :])
+    after = torch.zeros_like(rewards[..., 0, :])
     for t in range(rewards.shape[-2] - 1, -1, -1):
-        last = deltas[..., t, :] + decay[..., t, :] * last
-        adv[..., t, :] = last
+        after = deltas[..., t, :] + decay[..., t, :] * after
+        adv[..., t, :] = after
     return adv, adv + values
 
 

@@ -34,10 +34,15 @@ def group_gae(rollouts: list[tuple[Any, Any]]
     for (*_, gamma, lam), ks in groups.items():
         bufs = [rollouts[k][1] for k in ks]
         if len(ks) == 1:
-            out[ks[0]] = gae(*(getattr(bufs[0], f) for f in GAE_FIELDS), gamma, lam)
+            out[ks[0]] = _gae([getattr(bufs[0], f) for f in GAE_FIELDS], gamma, lam)
             continue
-        adv, ret = gae(*(torch.stack([getattr(b, f) for b in bufs]) for f in GAE_FIELDS),
-                       gamma, lam)
+        adv, ret = _gae([torch.stack([getattr(b, f) for b in bufs]) for f in GAE_FIELDS],
+                        gamma, lam)
         for a, k in enumerate(ks):
             out[k] = (adv[a], ret[a])
     return out
+
+
+def _gae(x: list[torch.Tensor], gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    rewards, values, next_values, terminated, truncated = x
+    return gae(rewards, values, next_values, terminated, truncated, gamma, lam)
