@@ -99,13 +99,18 @@ class RunUpdate:
 
 class Rollouts:
     """The rollouts of a stack's updating rows stacked ``[R, B, ...]`` once per iteration
-    (rows not updating keep old numbers), so a minibatch of every row is one gather per field."""
+    (rows not updating keep old numbers); at the start of each epoch, the rows' samples in the
+    order of their epoch's permutations, one gather per field (:meth:`permute`), so that a
+    minibatch of every row is a slice of them."""
 
     FIELDS = ("obs", "actions", "params", "logp", "returns", "values")
 
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
         self._rows: dict[tuple[int, ...], np.ndarray] = {}
+        #: this epoch's rows (stack rows) and their samples in permutation order, read-only
+        self.epoch_rows: tuple[int, ...] = ()
+        self.epoch: dict[str, np.ndarray] = {}
 
     def rows_of(self, stepping: list[RunUpdate]) -> np.ndarray:
         """The stack rows of ``stepping`` as a read-only array, kept with the stack's rollouts
@@ -136,18 +141,33 @@ class Rollouts:
             return np.ones(len(u.batch), np.float32)
         return getattr(u.batch, name).numpy()
 
-    def minibatch(self, rows: np.ndarray, idx: np.ndarray) -> Minibatch:
-        """Rows ``idx [A, n]`` of the stack rows ``rows`` (copies, gathered with one flat
-        index)."""
-        if len(rows) == 1:  # one row: a gather of its own rollout
-            r, i = int(rows[0]), idx[0]
-            g = {name: a[r].take(i, 0)[None] for name, a in self.arrays.items()}
+    def permute(self, active: list[RunUpdate]) -> None:
+        """Gather the samples of the rows ``active`` in their epoch's order (``u.perm``): row
+        ``a`` of ``epoch[name]`` is ``arrays[name][active[a].row][active[a].perm]``."""
+        self.epoch_rows = tuple(u.row for u in active)
+        if len(active) == 1:
+            r, perm = active[0].row, active[0].perm
+            self.epoch = {name: a[r].take(perm, 0)[None] for name, a in self.arrays.items()}
         else:
+            rows = np.array(self.epoch_rows)
+            perms = np.stack([u.perm for u in active])
             B = self.arrays["obs"].shape[1]
-            flat = (rows[:, None] * B + idx).ravel()
-            g = {name: a.reshape(-1, *a.shape[2:]).take(flat, 0).reshape(*idx.shape,
-                                                                          *a.shape[2:])
-                 for name, a in self.arrays.items()}
+            flat = (rows[:, None] * B + perms).ravel()
+            self.epoch = {name: a.reshape(-1, *a.shape[2:]).take(flat, 0).reshape(
+                *perms.shape, *a.shape[2:]) for name, a in self.arrays.items()}
+        for a in self.epoch.values():
+            a.flags.writeable = False  # minibatches are views of it: nothing may write them
+
+    def minibatch(self, rows: np.ndarray, idx: np.ndarray, start: int) -> Minibatch:
+        """Samples ``start:start + n`` of this epoch's order (``idx [A, n]``, their indices in
+        the rollouts) of the stack rows ``rows``: views when they are the epoch's rows, else
+        copies of theirs."""
+        end = start + idx.shape[1]
+        if tuple(rows.tolist()) == self.epoch_rows:
+            g = {name: a[:, start:end] for name, a in self.epoch.items()}
+        else:
+            pos = np.array([self.epoch_rows.index(r) for r in rows.tolist()])
+            g = {name: a[pos, start:end] for name, a in self.epoch.items()}
         return Minibatch(idx, g["obs"], g["actions"], g["params"], g["logp"], g["adv"],
                          g["returns"], g["values"], g.get("weight"))
 
@@ -167,11 +187,12 @@ def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
                 break
             for u in active:
                 u.start_epoch()
+            rollouts.permute(active)
             for start in range(0, B, size):
                 stepping = [u for u in active if u.in_epoch and not u.skips(start, size)]
                 if not stepping:
                     break
-                _step(stack, stepping, rollouts, ws)
+                _step(stack, stepping, rollouts, ws, start)
             for u in active:
                 u.end_epoch()
     diags = diagnostics_rows(updates)
@@ -216,11 +237,13 @@ def diagnostics_rows(updates: list[RunUpdate]) -> dict[int, dict[str, float] | F
     return out
 
 
-def _step(stack: Stack, stepping: list[RunUpdate], rollouts: Rollouts, ws: mlp.Workspace) -> None:
+def _step(stack: Stack, stepping: list[RunUpdate], rollouts: Rollouts, ws: mlp.Workspace,
+          start: int) -> None:
     rows = rollouts.rows_of(stepping)  # (each one's minibatch rows: u.idx, set by skips())
     idx = stepping[0].idx[None] if len(stepping) == 1 else np.stack([u.idx for u in stepping])
-    results = stack.step(rows, rollouts.minibatch(rows, idx), [u.learner.loss for u in stepping],
-                         [u.sched.beta() for u in stepping], ws)
+    results = stack.step(rows, rollouts.minibatch(rows, idx, start),
+                         [u.learner.loss for u in stepping], [u.sched.beta() for u in stepping],
+                         ws)
     for u, r in zip(stepping, results):
         u.steps.append(r)
         u.sched.after_step(r, len(r.idx))
