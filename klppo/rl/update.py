@@ -36,7 +36,8 @@ from klppo.rl.config import TrainConfig
 __all__ = ["Batch", "UpdateResult", "Schedule", "Learner", "make_loss"]
 
 
-_KEEP = ("idx", "logp", "values", "entropy", "kl", "adv", "grad_norm")
+#: the per-sample outputs of a step (and its gradient norm) that the diagnostics read
+STEP_OUTPUTS = ("idx", "logp", "values", "entropy", "kl", "adv", "grad_norm")
 
 
 def make_loss(cfg: TrainConfig) -> PPOLoss:
@@ -288,7 +289,7 @@ def step_parts(steps: list[StepResult], rows: int = 1
         return x if rows == 1 else x.reshape(rows, -1)
 
     first = steps[0]
-    cat = {k: one([getattr(r, k) for r in steps]) for k in _KEEP}
+    cat = {k: one([getattr(r, k) for r in steps]) for k in STEP_OUTPUTS}
     cat.update({k: one([r.terms[k] for r in steps]) for k in first.terms})
     return cat, {k: one([r.samples[k] for r in steps]) for k in first.samples}
 

@@ -51,10 +51,10 @@ class Recorder:
             monkeypatch.setattr(cls, "step", self._adam(cls.step))
 
     def _step(self, step):
-        def wrapped(stack, rows, mb, losses, betas, ws=None):
+        def wrapped(stack, rows, mb, losses, betas, ws=None, log=None):
             assert len(rows) == 1
             self.eps.append(losses[0].band.eps)
-            r = step(stack, rows, mb, losses, betas, ws)
+            r = step(stack, rows, mb, losses, betas, ws, log)
             # the minibatch mean, rounded to float32 as rl_games' torch mean is
             kl = r[0].kl.mean() if isinstance(r[0].kl, torch.Tensor) else np.mean(r[0].kl)
             self.after.append(float(kl))

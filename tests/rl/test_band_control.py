@@ -52,11 +52,11 @@ class Recorder:
             monkeypatch.setattr(cls, "step", self._step(cls.step))
 
     def _step(self, step):
-        def wrapped(stack, rows, mb, losses, betas, ws=None):
+        def wrapped(stack, rows, mb, losses, betas, ws=None, log=None):
             assert len(rows) == 1  # a run alone: a stack of one
             band = losses[0].band
             self.edges.append((band.eps_low, band.eps_high))
-            r = step(stack, rows, mb, losses, betas, ws)[0]
+            r = step(stack, rows, mb, losses, betas, ws, log)[0]
             self.adv.append(np.asarray(r.adv, dtype=np.float32).copy())
             self.step_ratio.append(np.asarray(r.samples["ratio"]).copy())
             return [r]

@@ -22,8 +22,10 @@ from klppo.core._checks import validation
 from klppo.nn.numpy import mlp
 from klppo.nn.step import StepResult
 from klppo.rl.engine.rows import Minibatch, Stack
+from klppo.rl.engine.steplog import StepLog
 from klppo.rl.update import (
     NON_FINITE,
+    STEP_OUTPUTS,
     Batch,
     Learner,
     Schedule,
@@ -180,6 +182,10 @@ def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
     rollouts.fill(stack.R, updates)
     cfg = updates[0].learner.cfg.ppo
     B, size = len(updates[0].batch), cfg.minibatch_size
+    # a numpy stack of rows logs its steps stacked (its diagnostics read them) when every
+    # minibatch has the same size; a run alone computes its own diagnostics from its steps
+    log = StepLog(stack.R, cfg.update_epochs * (B // size), size) if (
+        stack.fast and stack.R > 1 and B % size == 0) else None
     with validation(False):  # inputs come from checked rollouts; results are checked below
         for _epoch in range(cfg.update_epochs):
             active = [u for u in updates if not u.done]
@@ -192,10 +198,10 @@ def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
                 stepping = [u for u in active if u.in_epoch and not u.skips(start, size)]
                 if not stepping:
                     break
-                _step(stack, stepping, rollouts, ws, start)
+                _step(stack, stepping, rollouts, ws, start, log)
             for u in active:
                 u.end_epoch()
-    diags = diagnostics_rows(updates)
+    diags = diagnostics_rows(updates, log)
     out: list[UpdateResult | BaseException] = []
     for u in updates:
         try:
@@ -208,11 +214,13 @@ def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
     return out
 
 
-def diagnostics_rows(updates: list[RunUpdate]) -> dict[int, dict[str, float] | FloatingPointError]:
+def diagnostics_rows(updates: list[RunUpdate], log: StepLog | None = None
+                     ) -> dict[int, dict[str, float] | FloatingPointError]:
     """The diagnostics of the rows that share a band and a number of samples and of loss terms,
     computed as one ``[A, N]`` computation per such family (each row's numbers are those it
     computes alone, ``tests/rl/test_engine.py``): stack row -> its diagnostics, or the error
-    of a row whose loss became non-finite. A row in no family is left to itself."""
+    of a row whose loss became non-finite. A row in no family is left to itself. The steps'
+    outputs are read from ``log`` when given, else concatenated from each row's steps."""
     families: dict[tuple[Any, ...], list[RunUpdate]] = {}
     for u in updates:
         band = u.learner.row_band
@@ -226,9 +234,12 @@ def diagnostics_rows(updates: list[RunUpdate]) -> dict[int, dict[str, float] | F
         if len(fam) == 1:
             continue
         with torch.no_grad(), validation(False):
-            cat, s = step_parts([r for u in fam for r in u.steps], rows=len(fam))
-            idx = cat["idx"]
-            logp_old = torch.stack([u.batch.logp[idx[a]] for a, u in enumerate(fam)])
+            if log is None:
+                cat, s = step_parts([r for u in fam for r in u.steps], rows=len(fam))
+                idx = cat["idx"]
+                logp_old = torch.stack([u.batch.logp[idx[a]] for a, u in enumerate(fam)])
+            else:
+                cat, s, logp_old = _logged_parts(log, fam)
             ok = torch.isfinite(cat["loss"]).all(-1).tolist()
             d = {k: v.tolist() for k, v in diagnostic_stats(band, cat, s, logp_old).items()}
         for a, u in enumerate(fam):
@@ -237,13 +248,27 @@ def diagnostics_rows(updates: list[RunUpdate]) -> dict[int, dict[str, float] | F
     return out
 
 
+def _logged_parts(log: StepLog, fam: list[RunUpdate]
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+    """:func:`step_parts` of a family's rows and their rollout log-probabilities, from the
+    step log (each row's numbers those its steps computed)."""
+    s0 = fam[0].steps[0]
+    keep = [k for k in STEP_OUTPUTS if k != "idx"]
+    got = log.rows(np.array([u.row for u in fam]), (*keep, *s0.terms, *s0.samples, "logp_old"),
+                   len(fam[0].steps))
+    t = {k: torch.from_numpy(v) for k, v in got.items()}
+    return ({k: t[k] for k in (*keep, *s0.terms)}, {k: t[k] for k in s0.samples},
+            t["logp_old"])
+
+
 def _step(stack: Stack, stepping: list[RunUpdate], rollouts: Rollouts, ws: mlp.Workspace,
-          start: int) -> None:
+          start: int, log: StepLog | None) -> None:
     rows = rollouts.rows_of(stepping)  # (each one's minibatch rows: u.idx, set by skips())
     idx = stepping[0].idx[None] if len(stepping) == 1 else np.stack([u.idx for u in stepping])
-    results = stack.step(rows, rollouts.minibatch(rows, idx, start),
-                         [u.learner.loss for u in stepping], [u.sched.beta() for u in stepping],
-                         ws)
+    mb = rollouts.minibatch(rows, idx, start)
+    losses, betas = [u.learner.loss for u in stepping], [u.sched.beta() for u in stepping]
+    results = (stack.step(rows, mb, losses, betas, ws) if log is None
+               else stack.step(rows, mb, losses, betas, ws, log))
     for u, r in zip(stepping, results):
         u.steps.append(r)
         u.sched.after_step(r, len(r.idx))

@@ -35,6 +35,7 @@ from klppo.nn.numpy.heads import Categorical, Gaussian
 from klppo.nn.step import StepResult
 from klppo.rl.config import PPOConfig
 from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot
+from klppo.rl.engine.steplog import StepLog
 
 __all__ = ["NumpyStack", "NumpySlot"]
 
@@ -157,9 +158,11 @@ class NumpyStack:
 
     # ------------------------------------------------------------------ the step
     def step(self, rows: np.ndarray, mb: Minibatch, losses: list[PPOLoss], betas: list[float],
-             ws: mlp.Workspace) -> list[StepResult]:
+             ws: mlp.Workspace, log: StepLog | None = None) -> list[StepResult]:
         """One minibatch step of each policy in ``rows`` (its loss ``losses[a]``, its
-        ``betas[a]``); per policy its detached per-sample outputs (numpy) and loss terms."""
+        ``betas[a]``); per policy its detached per-sample outputs (numpy) and loss terms, also
+        written to ``log`` when given (one assignment per quantity for the rows that share
+        it)."""
         W, G, actor, critic, g_actor, g_critic, heads = self._buffers(rows)
         alone = len(rows) == 1  # 2-D layers: the row's network alone
         x = mb.obs[0] if alone else mb.obs
@@ -171,18 +174,27 @@ class NumpyStack:
         g_out = np.empty(out.shape, np.float32)
         g_val = np.empty(values.shape + (1,), np.float32)
         per_row: list[Any] = [None] * len(rows)
+        at: tuple[Any, Any] = (None, 0) if log is None else log.at(rows)
         for family in _families(losses):
             if len(family) == 1:
                 a = family[0]
                 per_row[a] = self._loss(heads[a], a, out, values, mb, losses[a], betas[a],
                                         g_out, g_val)
+                if log is not None:
+                    _log_one(log, log.part(at, slice(a, a + 1)), per_row[a])
             else:
                 self._family_loss(family, W, G, out, values, mb, losses[family[0]], betas,
-                                  g_out, g_val, per_row)
+                                  g_out, g_val, per_row,
+                                  None if log is None else (log, at))
         mlp.backward(actor, g_actor, a_acts, g_out[0] if alone else g_out, ws)
         mlp.backward(critic, g_critic, c_acts, g_val[0] if alone else g_val, ws)
         whole = len(rows) == self.R
         norms = self.adam.step(G, None if whole else rows, None if whole else W)
+        if log is not None:
+            for name, x in (("values", values), ("adv", mb.adv), ("logp_old", mb.logp),
+                            ("grad_norm", norms)):
+                log.put(at, name, x)
+            log.advance(rows)
         return [StepResult(mb.idx[a], logp, values[a], entropy, kl, mb.adv[a], norms[a], terms,
                            samples)
                 for a, (logp, entropy, kl, terms, samples) in enumerate(per_row)]
@@ -202,10 +214,12 @@ class NumpyStack:
 
     def _family_loss(self, family: list[int], W: np.ndarray, G: np.ndarray, out: np.ndarray,
                      values: np.ndarray, mb: Minibatch, loss: PPOLoss, betas: list[float],
-                     g_out: np.ndarray, g_val: np.ndarray, per_row: list[Any]) -> None:
+                     g_out: np.ndarray, g_val: np.ndarray, per_row: list[Any],
+                     log: tuple[StepLog, tuple[Any, Any]] | None) -> None:
         """The heads and closed-form losses of the policies ``family`` (positions in the step,
         one loss setting but beta) as one ``[F, n]`` computation; each row's numbers are those
-        it computes alone (``tests/rl/test_engine.py``)."""
+        it computes alone (``tests/rl/test_engine.py``). ``log``: the step log and the step's
+        index in it (:meth:`StepLog.at`), where the family's outputs go."""
         first, F = family[0], len(family)
         sel: Any = (slice(first, first + F) if family == list(range(first, first + F))
                     else np.array(family))  # positions side by side: views, not copies
@@ -234,6 +248,12 @@ class NumpyStack:
             G[sel, s:e] = g_log_std[:, 0]
         g_val[sel, :, 0] = gv
         names = [k for k in TERMS if k in terms]  # each row's terms, as floats, in TERMS order
+        if log is not None:
+            step_log, at = log
+            at = step_log.part(at, sel)
+            for name, x in (("logp", logp), ("entropy", entropy), ("kl", kl),
+                            *((k, terms[k]) for k in names), *samples.items()):
+                step_log.put(at, name, x)
         row_terms = zip(*(terms[k].tolist() for k in names))
         row_samples = zip(*samples.values())
         for a, lp, ent, k, t, smp in zip(family, logp, entropy, kl, row_terms, row_samples):
@@ -274,3 +294,12 @@ class NumpyStack:
             return mlp.forward(actor, x)[-1][None], mlp.forward(critic, x)[-1][None, :, 0]
         actor, critic = self._all()[:2]
         return mlp.forward(actor, obs)[-1], mlp.forward(critic, obs)[-1][..., 0]
+
+
+def _log_one(log: StepLog, at: tuple[Any, Any], row: tuple) -> None:
+    """A policy's outputs of its own loss (:meth:`NumpyStack._loss`) to the step log."""
+    logp, entropy, kl, terms, samples = row
+    for name, x in (("logp", logp), ("entropy", entropy), ("kl", kl), *samples.items()):
+        log.put(at, name, np.asarray(x)[None])
+    for name, v in terms.items():
+        log.put(at, name, [v])

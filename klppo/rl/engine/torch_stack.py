@@ -167,9 +167,12 @@ class TorchStack:
 
     # ------------------------------------------------------------------ the step
     def step(self, rows: np.ndarray, mb: Minibatch, losses: list[PPOLoss], betas: list[float],
-             ws: Any = None) -> list[StepResult]:
+             ws: Any = None, log: Any = None) -> list[StepResult]:
         """One minibatch step of each policy in ``rows``; per policy its detached per-sample
-        outputs and loss terms, on the CPU. ``ws`` is unused (the numpy stack's workspace)."""
+        outputs and loss terms, on the CPU. ``ws`` is unused (the numpy stack's workspace);
+        the torch stack keeps no step log (``log`` must be None)."""
+        if log is not None:
+            raise ValueError("the torch stack keeps no step log (the numpy stack's)")
         dev, slots = self.device, [self.slots[r] for r in rows]
         r_idx = torch.tensor(rows, device=dev)  # a copy: rows may be a read-only view
         f = {k: _dev(getattr(mb, k), dev) for k in ("obs", "actions", "params", "logp", "adv",
