@@ -79,6 +79,18 @@ CARTPOLE = [
          kl=dict(controller="pid", target=0.01)),
 ]
 
+def test_rows_that_step_on_every_minibatch_equal_their_runs_alone(tmp_path):
+    """A stack whose rows have no minibatch check (no minibatch early stop, no actuator) steps
+    them all on every minibatch; one of them stops after an epoch (CleanRL's rule) and steps
+    no more while the others go on."""
+    runs = [CARTPOLE[0], CARTPOLE[1], CARTPOLE[5], CARTPOLE[3]]
+    batched = train_batched([config(tmp_path / f"b{i}", **v) for i, v in enumerate(runs)])
+    ordinary = [rl.train(config(tmp_path / f"o{i}", **v)) for i, v in enumerate(runs)]
+    assert_engines_agree(batched, ordinary)
+    stopped = [m for m in batched[2].metrics if m["early_stop"] == 1.0]
+    assert stopped and any(m["epochs"] < 10 for m in stopped)
+
+
 PENDULUM = [  # a Gaussian policy, two envs per run, observation and reward normalisation
     dict(objective="clip", seed=0),
     dict(objective="kl_penalty", seed=7, ppo=dict(kl_estimator="k1", max_grad_norm=0.1),

@@ -68,6 +68,13 @@ class RunUpdate:
     def stack(self) -> Stack:
         return self.learner.backend.stack
 
+    @property
+    def plain(self) -> bool:
+        """Whether :meth:`skips` never stops or acts (no minibatch early stop, no before-step
+        update): the policy steps on every minibatch of its epochs."""
+        return (self.learner.cfg.ppo.early_stop != "minibatch"
+                and not self.sched.acts_before_step)
+
     def start_epoch(self) -> None:
         self.perm = torch.randperm(len(self.batch), generator=self.learner.gen).numpy()
         self.before, self.in_epoch = len(self.steps), True
@@ -110,8 +117,10 @@ class Rollouts:
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
         self._rows: dict[tuple[int, ...], np.ndarray] = {}
-        #: this epoch's rows (stack rows) and their samples in permutation order, read-only
+        #: this epoch's rows (stack rows), their permutations ``[A, B]`` and their samples in
+        #: permutation order, read-only
         self.epoch_rows: tuple[int, ...] = ()
+        self.perms = np.zeros((0, 0), np.int64)
         self.epoch: dict[str, np.ndarray] = {}
 
     def rows_of(self, stepping: list[RunUpdate]) -> np.ndarray:
@@ -149,10 +158,11 @@ class Rollouts:
         self.epoch_rows = tuple(u.row for u in active)
         if len(active) == 1:
             r, perm = active[0].row, active[0].perm
+            self.perms = perm[None]
             self.epoch = {name: a[r].take(perm, 0)[None] for name, a in self.arrays.items()}
         else:
             rows = np.array(self.epoch_rows)
-            perms = np.stack([u.perm for u in active])
+            perms = self.perms = np.stack([u.perm for u in active])
             B = self.arrays["obs"].shape[1]
             flat = (rows[:, None] * B + perms).ravel()
             self.epoch = {name: a.reshape(-1, *a.shape[2:]).take(flat, 0).reshape(
@@ -186,6 +196,9 @@ def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
     # minibatch has the same size; a run alone computes its own diagnostics from its steps
     log = StepLog(stack.R, cfg.update_epochs * (B // size), size) if (
         stack.fast and stack.R > 1 and B % size == 0) else None
+    # rows without a minibatch early stop or before-step updates (an actuator, a band
+    # controller) step on every minibatch of their epochs: no per-row check before a step
+    plain = all(u.plain for u in updates)
     with validation(False):  # inputs come from checked rollouts; results are checked below
         for _epoch in range(cfg.update_epochs):
             active = [u for u in updates if not u.done]
@@ -195,10 +208,14 @@ def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
                 u.start_epoch()
             rollouts.permute(active)
             for start in range(0, B, size):
-                stepping = [u for u in active if u.in_epoch and not u.skips(start, size)]
+                if plain:  # every row steps on its next minibatch
+                    stepping, idx = active, rollouts.perms[:, start:start + size]
+                else:
+                    stepping = [u for u in active if u.in_epoch and not u.skips(start, size)]
+                    idx = None
                 if not stepping:
                     break
-                _step(stack, stepping, rollouts, ws, start, log)
+                _step(stack, stepping, rollouts, ws, start, log, idx)
             for u in active:
                 u.end_epoch()
     diags = diagnostics_rows(updates, log)
@@ -262,9 +279,12 @@ def _logged_parts(log: StepLog, fam: list[RunUpdate]
 
 
 def _step(stack: Stack, stepping: list[RunUpdate], rollouts: Rollouts, ws: mlp.Workspace,
-          start: int, log: StepLog | None) -> None:
-    rows = rollouts.rows_of(stepping)  # (each one's minibatch rows: u.idx, set by skips())
-    idx = stepping[0].idx[None] if len(stepping) == 1 else np.stack([u.idx for u in stepping])
+          start: int, log: StepLog | None, idx: np.ndarray | None) -> None:
+    """One step of the rows ``stepping`` on their minibatch at ``start``: ``idx [A, n]``, or
+    each one's ``u.idx`` (set by :meth:`RunUpdate.skips`)."""
+    rows = rollouts.rows_of(stepping)
+    if idx is None:
+        idx = stepping[0].idx[None] if len(stepping) == 1 else np.stack([u.idx for u in stepping])
     mb = rollouts.minibatch(rows, idx, start)
     losses, betas = [u.learner.loss for u in stepping], [u.sched.beta() for u in stepping]
     results = (stack.step(rows, mb, losses, betas, ws) if log is None
