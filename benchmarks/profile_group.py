@@ -35,7 +35,9 @@ PARTS = [
     ("    Adam (clip and step)", "numpy/adam.py", "step"),
     ("    heads and closed-form losses, by family", "engine/numpy_stack.py", "_family_loss"),
     ("  early-stop / actuator checks per run", "engine/learn.py", "skips"),
+    ("  the diagnostics (families of rows)", "engine/learn.py", "diagnostics_rows"),
     ("  per-run update metrics", "engine/learn.py", "result"),
+    ("advantages (GAE per group of rollouts)", "engine/advantages.py", "group_gae"),
     ("rollout KLs", "engine/learn.py", "policy_kls"),
 ]
 
