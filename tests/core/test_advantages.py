@@ -159,3 +159,26 @@ def test_rollouts_side_by_side_equal_each_alone_bit_for_bit(grad):
     deeper, _ = gae(*(x.reshape(5, 1, *x.shape[1:]) for x in (r, v, nv, term, trunc)),
                     0.99, 0.95)
     assert torch.equal(deeper[:, 0], adv)
+
+
+def test_a_bad_rollout_of_a_group_fails_alone():
+    """``group_gae``: a non-finite value in one run's rollout is that run's error, with its
+    own index; the other rollouts of its group get the advantages they get alone."""
+    import numpy as np
+
+    from klppo.rl.config import PPOConfig
+    from klppo.rl.engine.advantages import group_gae
+    from klppo.rl.rollout import RolloutBuffer
+
+    gen = torch.Generator().manual_seed(1)
+    bufs = [RolloutBuffer.allocate(8, 2, 3, (), np.int64, 2) for _ in range(3)]
+    for b in bufs:
+        for f in ("rewards", "values", "next_values"):
+            getattr(b, f).copy_(torch.randn(8, 2, generator=gen))
+    bufs[1].values[5, 1] = float("nan")
+    out = group_gae([(PPOConfig(), b) for b in bufs])
+    assert isinstance(out[1], ValueError) and "[5, 1]" in str(out[1])
+    for k in (0, 2):
+        alone = gae(bufs[k].rewards, bufs[k].values, bufs[k].next_values, bufs[k].terminated,
+                    bufs[k].truncated, PPOConfig().gamma, PPOConfig().gae_lambda)
+        assert torch.equal(out[k][0], alone[0]) and torch.equal(out[k][1], alone[1])

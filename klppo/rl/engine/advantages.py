@@ -22,10 +22,12 @@ GAE_FIELDS = ("rewards", "values", "next_values", "terminated", "truncated")
 
 
 def group_gae(rollouts: list[tuple[Any, Any]]
-              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+              ) -> list[tuple[torch.Tensor, torch.Tensor] | Exception]:
     """Per ``(ppo, buffer)`` of ``rollouts`` (its :class:`~klppo.rl.config.PPOConfig` and its
     ``[T, N]`` :class:`~klppo.rl.rollout.RolloutBuffer`), its ``(advantages, returns)``
-    ``[T, N]``; the rollouts that share a shape, dtype, device, gamma and lambda in one call."""
+    ``[T, N]``, or the error its rollout alone raises (a non-finite value): the others' are
+    computed all the same. The rollouts that share a shape, dtype, device, gamma and lambda go
+    in one call."""
     groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for k, (ppo, buf) in enumerate(rollouts):
         r = buf.rewards
@@ -33,14 +35,26 @@ def group_gae(rollouts: list[tuple[Any, Any]]
     out: list[Any] = [None] * len(rollouts)
     for (*_, gamma, lam), ks in groups.items():
         bufs = [rollouts[k][1] for k in ks]
-        if len(ks) == 1:
-            out[ks[0]] = _gae([getattr(bufs[0], f) for f in GAE_FIELDS], gamma, lam)
-            continue
-        adv, ret = _gae([torch.stack([getattr(b, f) for b in bufs]) for f in GAE_FIELDS],
-                        gamma, lam)
-        for a, k in enumerate(ks):
-            out[k] = (adv[a], ret[a])
+        try:
+            if len(ks) == 1:
+                out[ks[0]] = _gae([getattr(bufs[0], f) for f in GAE_FIELDS], gamma, lam)
+                continue
+            adv, ret = _gae([torch.stack([getattr(b, f) for b in bufs]) for f in GAE_FIELDS],
+                            gamma, lam)
+            for a, k in enumerate(ks):
+                out[k] = (adv[a], ret[a])
+        except Exception:  # noqa: BLE001 - a rollout of the group is bad: each one alone
+            for k, b in zip(ks, bufs):
+                out[k] = _alone(b, gamma, lam)
     return out
+
+
+def _alone(buf: Any, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor] | Exception:
+    """One rollout's GAE, or the error it raises (its own message and index)."""
+    try:
+        return _gae([getattr(buf, f) for f in GAE_FIELDS], gamma, lam)
+    except Exception as e:  # noqa: BLE001 - returned to its run, which alone stops
+        return e
 
 
 def _gae(x: list[torch.Tensor], gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -205,6 +205,8 @@ class Group:
         by_stack: dict[int, list[tuple[int, str, Any, RunUpdate]]] = defaultdict(list)
         for (i, name, unit, buf), adv_ret in zip(rolls, gaes):
             try:
+                if isinstance(adv_ret, Exception):  # its rollout's GAE failed
+                    raise adv_ret
                 if i not in errors:
                     u = RunUpdate(unit.learner, unit.proximal(unit.advantages(buf, adv_ret)))
                     by_stack[id(u.stack)].append((i, name, unit, u))
