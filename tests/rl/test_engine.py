@@ -91,6 +91,39 @@ def test_rows_that_step_on_every_minibatch_equal_their_runs_alone(tmp_path):
     assert stopped and any(m["epochs"] < 10 for m in stopped)
 
 
+@pytest.mark.parametrize("env", ["cartpole", "pendulum"])
+def test_the_early_stop_probe_is_the_k3_of_the_steps_own_log_probs(tmp_path, monkeypatch, env):
+    """SB3's ``approx_kl``, the minibatch early stop's k3, is the k3 of the log-probabilities
+    the step then computes on the same minibatch (``NumpyStack.probe_k3``, one stacked forward
+    for every probing row), in a group and alone; a categorical and a Gaussian head."""
+    from klppo.core.kl import k3
+    from klppo.rl.engine.numpy_stack import NumpyStack
+
+    probe, step, seen = NumpyStack.probe_k3, NumpyStack.step, []
+    last: dict[int, float] = {}
+
+    def probing(self, rows, idx, mb):
+        out = probe(self, rows, idx, mb)
+        last.update(zip(rows.tolist(), out))
+        return out
+
+    def stepping(self, rows, mb, losses, betas, ws, log=None):
+        results = step(self, rows, mb, losses, betas, ws, log)
+        for a, (r, res) in enumerate(zip(rows.tolist(), results)):
+            seen.append((last.pop(r), float(k3(np.asarray(res.logp) - mb.logp[a]).mean())))
+        return results
+
+    monkeypatch.setattr(NumpyStack, "probe_k3", probing)
+    monkeypatch.setattr(NumpyStack, "step", stepping)
+    ppo = dict(target_kl=1.0, early_stop="minibatch")  # checked before every step, never met
+    make = (lambda i, **o: config(tmp_path / f"r{i}", **o)) if env == "cartpole" else \
+        (lambda i, **o: pendulum(tmp_path / f"r{i}", **o))
+    train_batched([make(i, seed=i, ppo=ppo) for i in range(3)])
+    rl.train(make(3, seed=3, ppo=ppo))
+    assert len(seen) > 50 and any(p > 0 for p, _ in seen)
+    assert all(p == s for p, s in seen), [(p, s) for p, s in seen if p != s][:3]
+
+
 PENDULUM = [  # a Gaussian policy, two envs per run, observation and reward normalisation
     dict(objective="clip", seed=0),
     dict(objective="kl_penalty", seed=7, ppo=dict(kl_estimator="k1", max_grad_norm=0.1),

@@ -80,17 +80,24 @@ class RunUpdate:
         self.before, self.in_epoch = len(self.steps), True
         self.sched.start_epoch()
 
-    def skips(self, start: int, size: int) -> bool:
-        """The minibatch early stop (it ends the policy's update); else the before-step updates
-        of its actuator and band controller for the minibatch at ``start`` (its sample indices
-        ``idx``, a view of the epoch's permutation)."""
-        self.idx = idx = self.perm[start:start + size]
+    @property
+    def probes(self) -> bool:
+        """Whether :meth:`skips` reads the minibatch's k3 (SB3's minibatch early stop)."""
+        return self.learner.cfg.ppo.early_stop == "minibatch"
+
+    def skips(self, start: int, size: int, k3: float | None = None) -> bool:
+        """The minibatch early stop (it ends the policy's update), from ``k3``, the minibatch's
+        k3 KL before the step (:meth:`~klppo.rl.engine.numpy_stack.NumpyStack.probe_k3`, all
+        probing rows at once); else the before-step updates of its actuator and band controller
+        for the minibatch at ``start`` (its sample indices ``idx``, a view of the epoch's
+        permutation)."""
+        self.idx = self.perm[start:start + size]
         sched = self.sched
-        if sched.skip_minibatch(lambda: self.learner.backend.k3(torch.from_numpy(idx))):
+        if sched.skip_minibatch(lambda: _probed(k3)):
             self.in_epoch = False
             return True
         if sched.acts_before_step:
-            sched.before_step(torch.from_numpy(idx))
+            sched.before_step(torch.from_numpy(self.idx))
         return False
 
     def end_epoch(self) -> None:
@@ -211,8 +218,7 @@ def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
                 if plain:  # every row steps on its next minibatch
                     stepping, idx = active, rollouts.perms[:, start:start + size]
                 else:
-                    stepping = [u for u in active if u.in_epoch and not u.skips(start, size)]
-                    idx = None
+                    stepping, idx = _checked(stack, active, rollouts, start, size), None
                 if not stepping:
                     break
                 _step(stack, stepping, rollouts, ws, start, log, idx)
@@ -263,6 +269,28 @@ def diagnostics_rows(updates: list[RunUpdate], log: StepLog | None = None
             out[u.row] = ({k: v[a] for k, v in d.items()} if ok[a]
                           else FloatingPointError(NON_FINITE))
     return out
+
+
+def _probed(k3: float | None) -> float:
+    """The k3 a probing row's minibatch check reads (computed for every probing row)."""
+    assert k3 is not None, "a row with the minibatch early stop was not probed"
+    return k3
+
+
+def _checked(stack: Stack, active: list[RunUpdate], rollouts: Rollouts, start: int,
+             size: int) -> list[RunUpdate]:
+    """The rows of ``active`` that step on the minibatch at ``start``: each row's check
+    (:meth:`RunUpdate.skips`), the k3 of every probing row from one stacked forward first."""
+    rows = [u for u in active if u.in_epoch]
+    probing = [u for u in rows if u.probes]
+    k3s: dict[int, float] = {}
+    if probing:
+        at = rollouts.rows_of(probing)
+        pos = [rollouts.epoch_rows.index(u.row) for u in probing]
+        idx = rollouts.perms[pos, start:start + size]
+        k3s = dict(zip(at.tolist(), stack.probe_k3(at, idx, rollouts.minibatch(at, idx,
+                                                                              start))))
+    return [u for u in rows if not u.skips(start, size, k3s.get(u.row))]
 
 
 def _logged_parts(log: StepLog, fam: list[RunUpdate]

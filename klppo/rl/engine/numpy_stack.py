@@ -21,11 +21,12 @@ a subset is gathered into copies and written back after Adam.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
+from klppo.core.kl import k3
 from klppo.core.loss import PPOLoss
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.numpy import FastPathUnsupported, fast_path_refusal, flat_weights, mlp
@@ -270,6 +271,25 @@ class NumpyStack:
         else:
             out = mlp.forward(actor, obs, ws, "actor")[-1]
         return [heads[a].kl_mean(out[a], old_params[a]) for a in range(len(rows))]
+
+    def probe_k3(self, rows: np.ndarray, idx: np.ndarray, mb: Minibatch) -> list[float]:
+        """Per row of ``rows``, the mean k3 KL(rollout || current policy) on its minibatch
+        ``mb`` (sample indices ``idx``), before stepping on it: SB3's ``approx_kl``, from the
+        forward and log-probabilities the step computes for it (one stacked actor forward)."""
+        W, _, actor, *_ = self._buffers(rows)
+        if len(rows) == 1:  # 2-D layers: the row's network alone, as its step computes it
+            out = mlp.forward(actor, mb.obs[0])[-1][None]
+        else:
+            out = mlp.forward(actor, mb.obs)[-1]
+        A, n = out.shape[:2]
+        if self.layout.log_std is None:  # every quantity per sample: the rows as one
+            logp = Categorical().log_prob(out.reshape(A * n, -1),
+                                          mb.actions.reshape(A * n)).reshape(A, n)
+        else:
+            s, e = self.layout.log_std
+            logp = Gaussian(W[:, None, s:e]).log_prob(out, mb.actions)
+        # each row's mean over its own samples (the same pairwise sum as the row alone)
+        return cast(np.ndarray, k3(logp - mb.logp)).mean(axis=-1).tolist()
 
     def log_prob(self, row: int, obs: np.ndarray, actions: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:

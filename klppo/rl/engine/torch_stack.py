@@ -21,7 +21,7 @@ a policy's numbers must not depend on how many rows step beside it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -200,6 +200,13 @@ class TorchStack:
         (G,) = torch.autograd.grad(total, W)
         norms = self.adam.step(self.W, G[:len(rows)], r_idx)
         return _results(mb.idx, f["adv"], norms, outs)
+
+    def probe_k3(self, rows: np.ndarray, idx: np.ndarray, mb: Minibatch) -> list[float]:
+        """Per row of ``rows``, the mean k3 KL(rollout || current policy) on its minibatch
+        (sample indices ``idx``), before stepping on it: each row's own probe
+        (:meth:`~klppo.rl.engine.rows.RowSlot.k3`)."""
+        return [cast(Any, self.slots[r]).k3(torch.from_numpy(np.array(idx[a])))
+                for a, r in enumerate(rows.tolist())]
 
     @torch.no_grad()
     def policy_kl(self, rows: np.ndarray, obs: np.ndarray, old_params: np.ndarray,
