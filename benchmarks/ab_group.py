@@ -5,7 +5,9 @@ then this one, ``--pairs`` times, so that the machine's drift hits both alike.
 Usage:
     git worktree add /tmp/old <rev>
     python benchmarks/ab_group.py /tmp/old [--preset klip/cartpole] [--runs 20]
-        [--steps 30720] [--pairs 3] [--cpu 0]
+        [--steps 30720] [--pairs 3] [--cpu 0] [--target-kl X]
+
+``--target-kl X`` gives every run SB3's minibatch early stop at ``X`` (nats per sample).
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ os.sched_setaffinity(0, {int(sys.argv[4])})
 import klppo.rl as rl
 logging.disable(logging.WARNING)
 preset, R, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ppo = rl.preset(preset).ppo
+if sys.argv[5] != "none":
+    ppo = dataclasses.replace(ppo, target_kl=float(sys.argv[5]), early_stop="minibatch")
 with tempfile.TemporaryDirectory() as root:
     cfgs = [dataclasses.replace(rl.preset(preset), seed=s, objective="clip", total_steps=steps,
-                                tensorboard=False, out=os.path.join(root, f"r{s}"))
+                                tensorboard=False, out=os.path.join(root, f"r{s}"), ppo=ppo)
             for s in range(R)]
     c0 = time.process_time()
     rs = rl.train_batched(cfgs)
@@ -39,7 +44,8 @@ print(max(r.metrics[-1]["time_elapsed"] for r in rs), cpu)
 def one(tree: Path, a: argparse.Namespace) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", CHILD, a.preset, str(a.runs), str(a.steps),
-                          str(a.cpu)], env=env, cwd=tree, capture_output=True, text=True,
+                          str(a.cpu), "none" if a.target_kl is None else str(a.target_kl)],
+                         env=env, cwd=tree, capture_output=True, text=True,
                          check=True).stdout.split()
     return float(out[-2]), float(out[-1])
 
@@ -52,9 +58,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30720)
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--cpu", type=int, default=0)
+    ap.add_argument("--target-kl", type=float, default=None,
+                    help="SB3's minibatch early stop at this k3 target for every run")
     a = ap.parse_args()
     per = 1e6 / (a.runs * a.steps)
-    print(f"{a.preset}: {a.runs} runs x {a.steps} steps in one group, cpu {a.cpu}; "
+    stop = "" if a.target_kl is None else f", early stop at k3 > 1.5 x {a.target_kl}"
+    print(f"{a.preset}: {a.runs} runs x {a.steps} steps in one group{stop}, cpu {a.cpu}; "
           f"us per run-step of loop (CPU s)")
     for i in range(1, a.pairs + 1):
         (lo, co), (ln, cn) = one(a.other.resolve(), a), one(HERE, a)
