@@ -7,12 +7,33 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RunningMeanStd", "ObsNormalizer", "RewardScaler"]
+__all__ = ["RunningMeanStd", "ObsNormalizer", "RewardScaler", "running_moments"]
 
 
 def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
     """``np.clip`` (NaN propagates alike) without its dispatch overhead, per step."""
     return np.minimum(np.maximum(x, lo), hi)
+
+
+def running_moments(mean: Any, var: Any, count: Any, x: np.ndarray, axis: int
+                    ) -> tuple[Any, Any, Any]:
+    """THE running-statistics update (parallel Welford, Chan et al.): ``(mean, var, count)``
+    with the batch ``x`` (its samples along ``axis``) folded in, float64. A run's
+    :class:`RunningMeanStd` calls it on ``[n, *shape]`` (``axis=0``); a group's stacked
+    statistics (:class:`klppo.rl.engine.norm.StackedStats`) on ``[R, n, *shape]`` (``axis=1``,
+    ``count`` a column), and each row gets the numbers of its run's own object (numpy reduces
+    a row of the stack as it reduces the row alone; ``tests/rl/test_engine.py``)."""
+    n = x.shape[axis]
+    if n == 1:  # one env (the MuJoCo presets): batch mean x, batch variance 0, bit for bit:
+        # the general form's ``* n`` (n = 1) and ``+ batch_var * n`` (+ 0.0) change no bit
+        delta = x[(slice(None),) * axis + (0,)] - mean
+        total = count + 1
+        return mean + delta / total, (var * count + delta**2 * count / total) / total, total
+    batch_mean, batch_var = x.mean(axis), x.var(axis)
+    delta = batch_mean - mean
+    total = count + n
+    m2 = var * count + batch_var * n + delta**2 * count * n / total
+    return mean + delta * n / total, m2 / total, total
 
 
 class RunningMeanStd:
@@ -24,26 +45,8 @@ class RunningMeanStd:
         self.count = 1e-4
 
     def update(self, x: np.ndarray) -> None:
-        n = x.shape[0]
-        if n == 1:  # one env (the MuJoCo presets): the same numbers with fewer operations
-            self._update_one(x[0])
-            return
-        batch_mean, batch_var = x.mean(0), x.var(0)
-        delta = batch_mean - self.mean
-        total = self.count + n
-        self.mean = self.mean + delta * n / total
-        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
-        self.var = m2 / total
-        self.count = total
-
-    def _update_one(self, x: np.ndarray) -> None:
-        """:meth:`update` with one sample (batch mean ``x``, batch variance 0), bit for bit: its
-        ``* n`` (n = 1) and ``+ batch_var * n`` (+ 0.0 to a non-negative sum) change no bit."""
-        delta = x - self.mean
-        total = self.count + 1
-        self.mean = self.mean + delta / total
-        self.var = (self.var * self.count + delta**2 * self.count / total) / total
-        self.count = total
+        """Fold in the batch ``x [n, *shape]`` (:func:`running_moments`)."""
+        self.mean, self.var, self.count = running_moments(self.mean, self.var, self.count, x, 0)
 
     def state_dict(self) -> dict[str, Any]:
         return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}

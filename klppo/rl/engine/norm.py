@@ -4,7 +4,8 @@ Each run keeps its own :class:`~klppo.rl.envs.ObsNormalizer` and
 :class:`~klppo.rl.envs.RewardScaler` (checkpointed with it); the lock-step collection
 (:mod:`~klppo.rl.engine.collect`) gathers their state into a :class:`StackedStats` at the start
 of a rollout, updates all rows with one call per step, and scatters the state back at its end.
-Every operation is elementwise per row or a reduction over one row's own axis in the order the
+The update is the runs' own (:func:`klppo.rl.normalize.running_moments`, on the rows' axis):
+every operation is elementwise per row or a reduction over one row's own axis in the order the
 run's own object reduces (numpy reduces a row of a stack as it reduces the row alone), so each
 row gets its own object's numbers bit for bit (``tests/rl/test_engine.py``).
 """
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from klppo.rl.envs import RunningMeanStd
+from klppo.rl.normalize import running_moments
 
 __all__ = ["StackedStats", "clip"]
 
@@ -49,19 +51,7 @@ class StackedStats:
     def update(self, x: np.ndarray) -> None:
         """Every row's :meth:`RunningMeanStd.update` with its batch ``x[r]`` (``x [R, n,
         *shape]``)."""
-        n = x.shape[1]
         # one row: its count as a float scalar (the same double arithmetic, less broadcasting)
         count: Any = self.count.item() if self.count.size == 1 else self.count
-        if n == 1:  # RunningMeanStd._update_one's expressions
-            delta = x[:, 0] - self.mean
-            total = count + 1
-            self.mean = self.mean + delta / total
-            self.var = (self.var * count + delta**2 * count / total) / total
-        else:
-            batch_mean, batch_var = x.mean(1), x.var(1)
-            delta = batch_mean - self.mean
-            total = count + n
-            self.mean = self.mean + delta * n / total
-            m2 = self.var * count + batch_var * n + delta**2 * count * n / total
-            self.var = m2 / total
+        self.mean, self.var, total = running_moments(self.mean, self.var, count, x, 1)
         self.count = np.full_like(self.count, total) if self.count.size == 1 else total
