@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RunningMeanStd", "ObsNormalizer", "RewardScaler", "running_moments"]
+__all__ = ["RunningMeanStd", "ObsNormalizer", "RewardScaler", "running_moments",
+           "normalized", "scaled"]
 
 
 def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
@@ -34,6 +35,19 @@ def running_moments(mean: Any, var: Any, count: Any, x: np.ndarray, axis: int
     total = count + n
     m2 = var * count + batch_var * n + delta**2 * count * n / total
     return mean + delta * n / total, m2 / total, total
+
+
+def normalized(x: np.ndarray, mean: Any, var: Any, clip: Any) -> np.ndarray:
+    """THE observation normalisation: ``clip((x - mean) / sqrt(var + 1e-8), -clip, clip)`` as
+    float32 (a run's :class:`ObsNormalizer`; a group's rows, with their statistics broadcast)."""
+    return _clip((x - mean) / np.sqrt(var + 1e-8), -clip, clip).astype(np.float32)
+
+
+def scaled(reward: np.ndarray, var: Any, clip: Any) -> np.ndarray:
+    """THE reward scaling: ``clip(reward / sqrt(var + 1e-8), -clip, clip)`` as float32, ``var``
+    the running variance of the discounted return (a run's :class:`RewardScaler`; a group's
+    rows)."""
+    return _clip(reward / np.sqrt(var + 1e-8), -clip, clip).astype(np.float32)
 
 
 class RunningMeanStd:
@@ -80,8 +94,7 @@ class ObsNormalizer:
         return self.normalize(obs)
 
     def normalize(self, obs: np.ndarray) -> np.ndarray:
-        out = (obs - self.rms.mean) / np.sqrt(self.rms.var + 1e-8)
-        return _clip(out, -self.clip, self.clip).astype(np.float32)
+        return normalized(obs, self.rms.mean, self.rms.var, self.clip)
 
 
 class RewardScaler:
@@ -99,9 +112,9 @@ class RewardScaler:
     def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
         self.ret = self.ret * self.gamma + reward
         self.rms.update(self.ret)
-        out = reward / np.sqrt(self.rms.var + 1e-8)
+        out = scaled(reward, self.rms.var, self.clip)
         self.ret[done] = 0.0
-        return _clip(out, -self.clip, self.clip).astype(np.float32)
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"rms": self.rms.state_dict(), "ret": self.ret.copy()}

@@ -26,9 +26,10 @@ from klppo.nn._rowops import row_cumsum
 from klppo.nn.numpy import NumpyRunner
 from klppo.nn.numpy.heads import HALF_LOG_2PI, log_softmax
 from klppo.rl.cartpole import CartPoleSameStep, physics_key, step_cartpoles_flat
-from klppo.rl.engine.norm import StackedStats, clip
+from klppo.rl.engine.norm import StackedStats
 from klppo.rl.engine.rows import Stack
 from klppo.rl.envpool_backend import EnvPoolGroup, EnvPoolSlice
+from klppo.rl.normalize import normalized, scaled
 from klppo.rl.rollout import Collector, EpisodeStats, NonFiniteEnvError
 from klppo.rl.vecenv import SameStepVecEnv
 
@@ -343,10 +344,9 @@ class StackedRollout:
             return self.one.reward_scaler(self.rew[0], done[0])[None]
         self.ret = self.ret * self.gamma + self.rew
         self.rew_stats.update(self.ret)
-        scaled = self.rew / np.sqrt(self.rew_stats.var + 1e-8)[:, None]
+        out = scaled(self.rew, self.rew_stats.var[:, None], self.clip_rew)
         self.ret[done] = 0.0
-        scaled = clip(scaled, -self.clip_rew, self.clip_rew).astype(np.float32)
-        return scaled if self.all_rew else np.where(self.norm_rew, scaled, self.rew)
+        return out if self.all_rew else np.where(self.norm_rew, out, self.rew)
 
     def _prep_obs(self) -> np.ndarray:
         """The observations the policy sees next: float32, normalised (with an update of the
@@ -359,8 +359,7 @@ class StackedRollout:
             return self.one.obs_norm(obs[0], True)[None]
         self.obs_stats.update(obs)
         s = self.obs_stats
-        norm = (obs - s.mean[:, None]) / np.sqrt(s.var + 1e-8)[:, None]
-        norm = clip(norm, -self.clip_obs, self.clip_obs).astype(np.float32)
+        norm = normalized(obs, s.mean[:, None], s.var[:, None], self.clip_obs)
         return norm if self.all_obs else np.where(self.norm_obs, norm, obs)
 
     def _finish(self, live: dict[int, Collector], out: dict[int, Any]) -> None:

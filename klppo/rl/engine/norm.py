@@ -19,12 +19,7 @@ import numpy as np
 from klppo.rl.envs import RunningMeanStd
 from klppo.rl.normalize import running_moments
 
-__all__ = ["StackedStats", "clip"]
-
-
-def clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
-    """``np.clip`` (NaN propagates alike) without its dispatch overhead."""
-    return np.minimum(np.maximum(x, lo), hi)
+__all__ = ["StackedStats"]
 
 
 class StackedStats:
