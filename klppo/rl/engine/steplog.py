@@ -20,12 +20,11 @@ __all__ = ["StepLog"]
 
 
 class StepLog:
-    """Per quantity ``[R, S, ...]``; row r's steps so far: ``count[r]``."""
+    """Per quantity ``[R, S, ...]``; row r's steps so far: ``steps[r]``."""
 
     def __init__(self, R: int, steps: int, n: int) -> None:
         self.R, self.S, self.n = R, steps, n
-        self.count = np.zeros(R, np.int64)
-        self.steps = [0] * R  # (the same counts, read one by one)
+        self.steps = [0] * R
         self.arrays: dict[str, np.ndarray] = {}
 
     def at(self, rows: np.ndarray) -> tuple[Any, Any]:
@@ -34,7 +33,7 @@ class StepLog:
         rl = rows.tolist()
         k = self.steps[rl[0]]
         if any(self.steps[r] != k for r in rl):
-            return rows, self.count[rows]
+            return rows, np.array([self.steps[r] for r in rl])
         if rl == list(range(rl[0], rl[0] + len(rl))):
             return slice(rl[0], rl[0] + len(rl)), k
         return rows, k
@@ -62,7 +61,6 @@ class StepLog:
 
     def advance(self, rows: np.ndarray) -> None:
         """The rows ``rows`` took their step."""
-        self.count[rows] += 1
         for r in rows.tolist():
             self.steps[r] += 1
 
