@@ -126,15 +126,11 @@ def _check_lm(argv: list[str]) -> None:
     elif argv[:2] == ["rlhf", "compare"]:
         rlhf_compare._compare_parser().parse_args(argv[2:])
     else:
-        rest = list(argv[1:])
-        if "--resume" in rest:
-            assert rest == ["--resume", rest[1]]
+        known, rest = cli_rlhf._pre_parser().parse_known_args(argv[1:])
+        if known.resume is not None:
+            assert not rest and known.config is None and known.preset is None
             return
-        config = None
-        if "--config" in rest:
-            k = rest.index("--config")
-            config, rest = rest[k + 1], rest[:k] + rest[k + 2:]
-        cli_rlhf._rlhf_config(config, rest)
+        cli_rlhf._rlhf_config(known.preset, known.config, rest)
 
 
 @pytest.mark.parametrize("line, argv, files", COMMANDS, ids=[c[0][:70] for c in COMMANDS])

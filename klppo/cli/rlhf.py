@@ -66,6 +66,15 @@ def _rlhf_config(preset: str | None, config: str | None, rest: list[str]):
                               description=RLHF_USAGE)
 
 
+def _pre_parser() -> OneLineParser:
+    """The flags read before the config: --preset, --config and --resume (each at most once)."""
+    pre = OneLineParser(prog="klppo rlhf", add_help=False, allow_abbrev=False)
+    pre.add_argument("--preset", type=name_arg, action=Once)
+    pre.add_argument("--config", action=Once)
+    pre.add_argument("--resume", action=Once)
+    return pre
+
+
 def run(argv: list[str]) -> int:
     """``klppo rlhf ARGV`` (``klppo rlhf compare ...`` included): 0 when the run finished, 1
     when it failed, 2 on bad input, 128 + the signal (130 SIGINT, 143 SIGTERM) when a signal
@@ -74,11 +83,7 @@ def run(argv: list[str]) -> int:
         from klppo.cli.rlhf_compare import run as run_compare
 
         return run_compare(argv[1:])
-    pre = OneLineParser(prog="klppo rlhf", add_help=False, allow_abbrev=False)
-    pre.add_argument("--preset", type=name_arg, action=Once)
-    pre.add_argument("--config", action=Once)
-    pre.add_argument("--resume", action=Once)
-    known, rest = pre.parse_known_args(argv)
+    known, rest = _pre_parser().parse_known_args(argv)
     try:
         res = _start(known, rest)
     except REPORTED as e:  # a failed run (RunFailed) exits 1, bad input 2
