@@ -165,7 +165,8 @@ def assert_resumes_exactly(sweep_dir, clean_dir):
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["SIGINT", "SIGTERM"])  # SIGTERM: in the slow suite
 def test_a_signal_stops_the_sweep_gracefully_and_a_rerun_resumes_exactly(tmp_path, clean, sig):
     out = tmp_path / "sw"
     proc = start_sweep(spec_file(tmp_path, STOP_SPEC), out, workers=1)
@@ -253,6 +254,7 @@ def test_a_different_spec_in_the_same_directory_is_refused(tmp_path):
         run_sweep(spec(seeds=[5]), tmp_path / "sw", workers=1)
 
 
+@pytest.mark.slow  # starts a local Ray instance (16 s)
 def test_ray_backend_on_a_local_instance(tmp_path):
     ray = pytest.importorskip("ray")
     try:

@@ -20,7 +20,9 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(RUNS))
+#: the MuJoCo and Box2D runs in the slow suite (CI runs it); CartPole in every run
+@pytest.fixture(scope="module", params=[pytest.param(n, marks=() if n == "cartpole" else
+                                                     pytest.mark.slow) for n in RUNS])
 def run(request, tmp_path_factory):
     name = request.param
     pytest.importorskip({"lunarlander": "Box2D", "hopper": "mujoco"}.get(name, "gymnasium"))

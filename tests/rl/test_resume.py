@@ -73,7 +73,12 @@ def sigkill_after(args, run_dir, lines):
     proc.wait(timeout=60)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+#: variants of a case the default suite has, in the slow suite (CI runs it)
+SLOW = {"marl_stale", "marl_continuous"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow if c in SLOW else ())
+                                  for c in CASES])
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, case):
     """Classic control, Box2D, MuJoCo and a normalised Box env: the env's physics and RNG are
     restored by replay, so the resumed metrics equal the uninterrupted run's, and two resumes

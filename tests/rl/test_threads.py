@@ -46,7 +46,8 @@ def _api_code(flags: list[str], out: Path) -> str:
             "rl.train(cfg)\n")
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow if c == "marl" else ())
+                                  for c in sorted(CASES)])  # marl: in the slow suite
 def test_api_with_two_blas_threads_equals_the_cli(case, tmp_path):
     if case == "marl":
         pytest.importorskip("mpe2")
