@@ -264,3 +264,27 @@ def test_a_torch_steps_results_reach_the_cpu_once_per_quantity_not_per_row(monke
         assert list(r.terms) == (["loss", "kl_penalty"] if a == 1 else ["loss"])
         assert r.samples["value_clipped"].dtype == torch.bool
         assert torch.equal(r.samples["value_clipped"], outs[a][4]["per_sample/value_clipped"])
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["all-rows", "a-row-fails"])
+def test_records_kept_on_the_device_until_the_rollout_ends_change_no_number(
+        tmp_path, monkeypatch, failing):
+    """On a GPU the torch stack keeps each step's log-probs, distribution parameters and values
+    on the device and sends them to the CPU once per rollout; that path, run here on the CPU,
+    gives every run the numbers of the default one (views of the buffers), with every row live
+    and with a subset of rows still collecting after one run's env failed."""
+    from klppo.rl.engine import collect
+
+    def group(root):
+        if failing:
+            return failing_torch_group(root)[1]
+        return train_batched([config(root / f"r{s}", seed=s, steps=1024, fast_path=False,
+                                     rollout=dict(num_envs=2, num_steps=128))
+                              for s in (0, 1)])
+
+    default = group(tmp_path / "views")
+    monkeypatch.setattr(collect, "RECORDS_APART_ON_CPU", True)
+    apart = group(tmp_path / "apart")
+    assert [r.status for r in apart] == [r.status for r in default]
+    for a, d in zip(apart, default):
+        assert strip(a.metrics) == strip(d.metrics) and a.metrics

@@ -35,6 +35,12 @@ from klppo.rl.vecenv import SameStepVecEnv
 
 __all__ = ["collect_rows", "StackedRollout"]
 
+#: the per-step records a torch stack keeps on its device until the rollout ends
+RECORDS = ("logp", "params", "values")
+#: keep the torch stack's records apart from the buffers on the CPU too, as on a GPU (a test
+#: sets it, to run that path here)
+RECORDS_APART_ON_CPU = False
+
 
 def collect_rows(stack: Stack, collectors: dict[int, Collector], iterations: dict[int, int],
                  work: dict[str, Any]) -> dict[int, EpisodeStats | BaseException]:
@@ -126,6 +132,20 @@ class StackedRollout:
         self.samples = np.arange(R * self.N)  # (each sample's row in the flattened logits)
         #: per live row of a rollout: its generator's draw and the part of ``draw`` it fills
         self.draws: list[tuple[Any, np.ndarray]] = []
+        self.records, self.records_apart = self._records()
+
+    def _records(self) -> tuple[dict[str, torch.Tensor], bool]:
+        """A torch stack's per-step records (:data:`RECORDS`): on its device, apart from the
+        buffers (sent to the CPU when the rollout ends: no transfer per step); on the CPU,
+        torch views of the buffers themselves. None for a numpy stack."""
+        if self.stack.fast:
+            return {}, False
+        dev = cast(Any, self.stack).device
+        apart = dev.type != "cpu" or RECORDS_APART_ON_CPU
+        views = {k: torch.from_numpy(self.B[k]) for k in RECORDS}
+        if not apart:
+            return views, False
+        return {k: torch.zeros(v.shape, dtype=v.dtype, device=dev) for k, v in views.items()}, True
 
     def serves(self, collectors: dict[int, Collector]) -> bool:
         """Whether these are (some of) the collectors it was built for."""
@@ -175,9 +195,10 @@ class StackedRollout:
 
     def _sample_torch(self, t: int, out: Any, values: Any, live: dict[int, Collector]) -> None:
         """Torch rows: each run's :class:`~klppo.nn.runners.TorchRunner` draws on the device
-        (:meth:`~klppo.nn.runners.TorchRunner.draw`, its own generator); the actions,
-        log-probs, distribution parameters and values of every row reach the CPU together, one
-        transfer each per step."""
+        (:meth:`~klppo.nn.runners.TorchRunner.draw`, its own generator); every row's actions
+        reach the CPU together (the envs need them: one transfer per step), their log-probs,
+        distribution parameters and values stay in the device records until the rollout ends
+        (:meth:`_records_to_cpu`)."""
         rows = list(live)
         drawn = [cast(Any, c.runner).draw(out[r]) for r, c in live.items()]
         at: Any
@@ -185,11 +206,18 @@ class StackedRollout:
             at, out_rows, value_rows = slice(None), out, values
         else:
             at, out_rows, value_rows = rows, out[rows], values[rows]
-        B = self.B
-        for name, x in (("actions", torch.stack([a for a, _ in drawn])),
-                        ("logp", torch.stack([lp for _, lp in drawn])),
-                        ("params", out_rows), ("values", value_rows)):
-            B[name][at, t] = x.cpu().numpy()
+        self.B["actions"][at, t] = torch.stack([a for a, _ in drawn]).cpu().numpy()
+        rec = self.records
+        rec["logp"][at, t] = torch.stack([lp for _, lp in drawn])
+        rec["params"][at, t] = out_rows
+        rec["values"][at, t] = value_rows
+
+    def _records_to_cpu(self) -> None:
+        """The torch stack's records kept apart (on a GPU) into the stacked buffers, one
+        transfer per quantity and rollout."""
+        if self.records_apart:
+            for name, rec in self.records.items():
+                self.B[name][...] = rec.cpu().numpy()
 
     def _sample_numpy(self, t: int, out: np.ndarray, live: dict[int, Collector]) -> np.ndarray:
         """:meth:`klppo.nn.numpy.heads.Gaussian.act` / ``Categorical.act`` for every row at
@@ -370,6 +398,7 @@ class StackedRollout:
             self.obs_stats.scatter({r: c.obs_norm.rms for r, c in live.items() if c.obs_norm})
             self.rew_stats.scatter({r: c.reward_scaler.rms for r, c in live.items()
                                     if c.reward_scaler})
+        self._records_to_cpu()
         _, v_last = self.stack.act(self.X)
         v_last = np.asarray(v_last.cpu() if hasattr(v_last, "cpu") else v_last)
         nv = self.B["next_values"]
