@@ -1,13 +1,13 @@
 #!/bin/bash
 # Call 2 of 2 of a GPU session, on the machine call 1 left warm: rebuild SmolLM2's GGUF file from
 # the part call 1 kept and .dev2/smol.xz.part01 (the file is larger than one call may carry),
-# then `klppo rlhf compare --model smollm2` on the GPU: 4 arms x 3 seeds side by side, $2
+# then `klppo rlhf compare --preset smollm2` on the GPU: 4 arms x 3 seeds side by side, $2
 # iterations each, stopped after $1 seconds (SIGTERM: the runs checkpoint; the report is then
 # made from the iterations recorded). Output: $OUT/smollm2_gpu.tgz (report, metrics, configs),
 # $OUT/compare.log. MODEL, DEVICE, SEEDS, WORKERS, LR, TARGET (nats per sequence) and EXTRA
 # (more FIELD=VALUE for --set, e.g. "hold=true horizon=15.5") override the defaults (a CPU trial:
 # MODEL=runs/lm/base DEVICE=cpu SEEDS=0 WORKERS=2).
-DEADLINE=${1:-330}; N=${2:-60}
+DEADLINE=${1:-330}; N=${2:-64}
 t0=$(date +%s)
 MODEL=${MODEL:-smollm2}
 if [ "$MODEL" = smollm2 ]; then
@@ -25,9 +25,12 @@ root=/dev/shm; [ -w /dev/shm ] && [ "$(df -BG --output=avail /dev/shm | tail -1 
 out=$root/rlhf-smollm2-gpu; rm -rf "$out"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no gpu')"
-setsid nohup python3 -m klppo rlhf compare --model "$MODEL" --out "$out" --iterations "$N" \
-  --seeds ${SEEDS:-0 1 2} --workers "${WORKERS:-12}" --target "${TARGET:-6}" --set batch_size=16 \
-  lr="${LR:-1e-5}" device="${DEVICE:-cuda}" checkpoint_every="$N" $EXTRA > /tmp/compare.log 2>&1 < /dev/null &
+# the `--preset smollm2` study (PID rule, beta 0.04, target 3 nats per sequence, lr 1e-5, batch
+# 16); TARGET and LR override it
+setsid nohup python3 -m klppo rlhf compare --preset smollm2 --model "$MODEL" --out "$out" \
+  --iterations "$N" --seeds ${SEEDS:-0 1 2} --workers "${WORKERS:-12}" \
+  ${TARGET:+--target "$TARGET"} --set device="${DEVICE:-cuda}" checkpoint_every="$N" \
+  ${LR:+lr="$LR"} $EXTRA > /tmp/compare.log 2>&1 < /dev/null &
 pid=$!
 progress() {
   local n
