@@ -273,7 +273,7 @@ def test_records_kept_on_the_device_until_the_rollout_ends_change_no_number(
     on the device and sends them to the CPU once per rollout; that path, run here on the CPU,
     gives every run the numbers of the default one (views of the buffers), with every row live
     and with a subset of rows still collecting after one run's env failed."""
-    from klppo.rl.engine import collect
+    from klppo.rl.engine import records
 
     def group(root):
         if failing:
@@ -283,7 +283,7 @@ def test_records_kept_on_the_device_until_the_rollout_ends_change_no_number(
                               for s in (0, 1)])
 
     default = group(tmp_path / "views")
-    monkeypatch.setattr(collect, "RECORDS_APART_ON_CPU", True)
+    monkeypatch.setattr(records, "APART_ON_CPU", True)
     apart = group(tmp_path / "apart")
     assert [r.status for r in apart] == [r.status for r in default]
     for a, d in zip(apart, default):

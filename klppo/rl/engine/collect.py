@@ -27,6 +27,7 @@ from klppo.nn.numpy import NumpyRunner
 from klppo.nn.numpy.heads import HALF_LOG_2PI, log_softmax
 from klppo.rl.cartpole import CartPoleSameStep, physics_key, step_cartpoles_flat
 from klppo.rl.engine.norm import StackedStats
+from klppo.rl.engine.records import TorchRecords
 from klppo.rl.engine.rows import Stack
 from klppo.rl.envpool_backend import EnvPoolGroup, EnvPoolSlice
 from klppo.rl.normalize import normalized, scaled
@@ -34,12 +35,6 @@ from klppo.rl.rollout import Collector, EpisodeStats, NonFiniteEnvError
 from klppo.rl.vecenv import SameStepVecEnv
 
 __all__ = ["collect_rows", "StackedRollout"]
-
-#: the per-step records a torch stack keeps on its device until the rollout ends
-RECORDS = ("logp", "params", "values")
-#: keep the torch stack's records apart from the buffers on the CPU too, as on a GPU (a test
-#: sets it, to run that path here)
-RECORDS_APART_ON_CPU = False
 
 
 def collect_rows(stack: Stack, collectors: dict[int, Collector], iterations: dict[int, int],
@@ -132,20 +127,9 @@ class StackedRollout:
         self.samples = np.arange(R * self.N)  # (each sample's row in the flattened logits)
         #: per live row of a rollout: its generator's draw and the part of ``draw`` it fills
         self.draws: list[tuple[Any, np.ndarray]] = []
-        self.records, self.records_apart = self._records()
-
-    def _records(self) -> tuple[dict[str, torch.Tensor], bool]:
-        """A torch stack's per-step records (:data:`RECORDS`): on its device, apart from the
-        buffers (sent to the CPU when the rollout ends: no transfer per step); on the CPU,
-        torch views of the buffers themselves. None for a numpy stack."""
-        if self.stack.fast:
-            return {}, False
-        dev = cast(Any, self.stack).device
-        apart = dev.type != "cpu" or RECORDS_APART_ON_CPU
-        views = {k: torch.from_numpy(self.B[k]) for k in RECORDS}
-        if not apart:
-            return views, False
-        return {k: torch.zeros(v.shape, dtype=v.dtype, device=dev) for k, v in views.items()}, True
+        #: a torch stack's records of each step on its device (None for a numpy stack)
+        self.records = (None if stack.fast else
+                        TorchRecords(self.B, cast(Any, stack).device))
 
     def serves(self, collectors: dict[int, Collector]) -> bool:
         """Whether these are (some of) the collectors it was built for."""
@@ -198,7 +182,7 @@ class StackedRollout:
         (:meth:`~klppo.nn.runners.TorchRunner.draw`, its own generator); every row's actions
         reach the CPU together (the envs need them: one transfer per step), their log-probs,
         distribution parameters and values stay in the device records until the rollout ends
-        (:meth:`_records_to_cpu`)."""
+        (:class:`~klppo.rl.engine.records.TorchRecords`)."""
         rows = list(live)
         drawn = [cast(Any, c.runner).draw(out[r]) for r, c in live.items()]
         at: Any
@@ -207,17 +191,8 @@ class StackedRollout:
         else:
             at, out_rows, value_rows = rows, out[rows], values[rows]
         self.B["actions"][at, t] = torch.stack([a for a, _ in drawn]).cpu().numpy()
-        rec = self.records
-        rec["logp"][at, t] = torch.stack([lp for _, lp in drawn])
-        rec["params"][at, t] = out_rows
-        rec["values"][at, t] = value_rows
-
-    def _records_to_cpu(self) -> None:
-        """The torch stack's records kept apart (on a GPU) into the stacked buffers, one
-        transfer per quantity and rollout."""
-        if self.records_apart:
-            for name, rec in self.records.items():
-                self.B[name][...] = rec.cpu().numpy()
+        assert self.records is not None  # (a torch stack's)
+        self.records.write(at, t, torch.stack([lp for _, lp in drawn]), out_rows, value_rows)
 
     def _sample_numpy(self, t: int, out: np.ndarray, live: dict[int, Collector]) -> np.ndarray:
         """:meth:`klppo.nn.numpy.heads.Gaussian.act` / ``Categorical.act`` for every row at
@@ -398,7 +373,8 @@ class StackedRollout:
             self.obs_stats.scatter({r: c.obs_norm.rms for r, c in live.items() if c.obs_norm})
             self.rew_stats.scatter({r: c.reward_scaler.rms for r, c in live.items()
                                     if c.reward_scaler})
-        self._records_to_cpu()
+        if self.records is not None:
+            self.records.to_cpu()
         _, v_last = self.stack.act(self.X)
         v_last = np.asarray(v_last.cpu() if hasattr(v_last, "cpu") else v_last)
         nv = self.B["next_values"]
