@@ -79,15 +79,20 @@ def normalize_advantage(advantage: torch.Tensor, eps: float = 1e-8,
                         rows: bool = False) -> torch.Tensor:
     """``(A - mean) / (std + eps)`` over all entries, with the sample std (torch's default, as
     in CleanRL and SB3). A single sample is returned centred (0). Takes a torch tensor or a
-    numpy array (the numpy fast path) and returns the same kind. ``rows=True`` (numpy ``[A,
-    n]``, the rows of a stack): each row over its own entries, the numbers of each row alone."""
+    numpy array (the numpy fast path) and returns the same kind. ``rows=True`` (``[A, n]``, the
+    rows of a stack): each row over its own entries, the numbers of each row alone."""
     if rows:
-        if not isinstance(advantage, np.ndarray) or advantage.ndim != 2:
-            raise ValueError("normalize_advantage(rows=True) takes a 2-D numpy array [A, n]")
-        m = advantage.mean(-1, keepdims=True)
+        if advantage.ndim != 2:
+            raise ValueError("normalize_advantage(rows=True) takes a 2-D array [A, n]")
+        if isinstance(advantage, np.ndarray):
+            m = advantage.mean(-1, keepdims=True)
+            if advantage.shape[-1] < 2:
+                return advantage - m
+            return (advantage - m) / (advantage.std(-1, ddof=1, keepdims=True) + np.float32(eps))
+        mt = advantage.mean(-1, keepdim=True)
         if advantage.shape[-1] < 2:
-            return advantage - m
-        return (advantage - m) / (advantage.std(-1, ddof=1, keepdims=True) + np.float32(eps))
+            return advantage - mt
+        return (advantage - mt) / (advantage.std(-1, keepdim=True) + eps)
     if isinstance(advantage, np.ndarray):
         if advantage.size < 2:
             return advantage - advantage.mean()

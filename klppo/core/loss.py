@@ -44,6 +44,16 @@ __all__ = ["ObjectiveName", "PPOLoss", "PolicyTerm", "OBJECTIVES", "PER_SAMPLE"]
 PER_SAMPLE: tuple[str, ...] = ("ratio", "advantage", "beta_t", "value_loss", "value_clipped")
 
 
+def _mean(x: torch.Tensor) -> torch.Tensor:
+    return x.mean()
+
+
+def _row_mean(x: torch.Tensor) -> torch.Tensor:
+    """Each row's mean (``PPOLoss(rows=True)``): the number ``x[a].mean()`` gives (torch
+    reduces each contiguous row in the order it reduces a 1-D tensor)."""
+    return x.mean(-1)
+
+
 class PPOLoss:
     """The PPO loss for one minibatch.
 
@@ -165,6 +175,7 @@ class PPOLoss:
         per_sample: bool = False,
         sequence_ids: torch.Tensor | None = None,
         sample_weight: torch.Tensor | None = None,
+        rows: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Loss terms and diagnostics for one minibatch of ``B`` samples.
 
@@ -186,6 +197,10 @@ class PPOLoss:
             sample_weight: ``[B]`` detached weights multiplying each sample's objective before
                 the mean (a training-inference mismatch correction, :mod:`klppo.core.mismatch`;
                 0 masks a sample out); the critic and entropy terms are not weighted.
+            rows: every input is ``[A, B]``, the minibatches of ``A`` policies with this loss
+                and this ``beta`` (the rows of a stack), and every term is ``[A]``, each row's
+                over its own samples: the numbers each row's own call gives. Token-level
+                objectives only, without ``diagnostics`` (ValueError otherwise).
 
         Returns:
             ``loss`` (to minimise), ``loss_objective``, ``loss_critic``, ``loss_entropy`` and
@@ -195,9 +210,13 @@ class PPOLoss:
         check_same_shape(logp_new=logp_new, logp_old=logp_old, advantage=advantage)
         if kl is not None:
             check_same_shape(logp_new=logp_new, kl=kl)
+        if rows and (diagnostics or self.policy.level == "sequence" or logp_new.ndim != 2):
+            raise ValueError("PPOLoss(rows=True) takes [A, B] inputs of a token-level objective, "
+                             "without diagnostics")
+        mean = _row_mean if rows else _mean
         adv = advantage.detach()
         if self.normalize_advantage == "minibatch":
-            adv = normalize_advantage(adv)
+            adv = normalize_advantage(adv, rows=rows)
         logp_old = logp_old.detach()
         ratio = torch.exp(logp_new - logp_old)
         # clip's beta_t is only a diagnostic: computed when diagnostics are asked for
@@ -213,7 +232,7 @@ class PPOLoss:
         if sample_weight is not None:
             check_same_shape(logp_new=logp_new, sample_weight=sample_weight)
             objective = sample_weight.detach() * objective
-        out: dict[str, torch.Tensor] = {"loss_objective": -objective.mean()}
+        out: dict[str, torch.Tensor] = {"loss_objective": -mean(objective)}
         diag: dict[str, torch.Tensor] = {}
         if per_sample:
             diag["per_sample/ratio"] = ratio.detach()
@@ -225,13 +244,13 @@ class PPOLoss:
             diag = policy_diagnostics(logp_new, logp_old, adv, b.eps, b.eps_low, b.eps_high,
                                       term.beta_t)
         if term.kl is not None:
-            diag["kl_penalty"] = term.kl.detach().mean()
+            diag["kl_penalty"] = mean(term.kl.detach())
         if values is not None:
             if returns is None:
                 raise ValueError("values given without returns")
             v_loss, v_clipped = value_loss(values, returns, old_values, self.value_clip,
                                            self.value_loss_kind)
-            out["loss_critic"] = self.vf_coef * v_loss.mean()
+            out["loss_critic"] = self.vf_coef * mean(v_loss)
             if per_sample:
                 diag["per_sample/value_loss"] = v_loss.detach()
                 diag["per_sample/value_clipped"] = v_clipped
@@ -243,7 +262,7 @@ class PPOLoss:
             out["loss_critic"] = zero
         if entropy is not None:
             check_same_shape(logp_new=logp_new, entropy=entropy)
-            out["loss_entropy"] = -self.ent_coef * entropy.mean()
+            out["loss_entropy"] = -self.ent_coef * mean(entropy)
             if diagnostics:
                 diag["entropy"] = entropy.detach().mean()
         else:

@@ -165,8 +165,9 @@ def assert_resumes_exactly(sweep_dir, clean_dir):
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
-@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
-                         ids=["SIGINT", "SIGTERM"])  # SIGTERM: in the slow suite
+@pytest.mark.parametrize("sig", [signal.SIGINT,  # SIGTERM: in the slow suite
+                                 pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_the_sweep_gracefully_and_a_rerun_resumes_exactly(tmp_path, clean, sig):
     out = tmp_path / "sw"
     proc = start_sweep(spec_file(tmp_path, STOP_SPEC), out, workers=1)

@@ -288,3 +288,26 @@ def test_records_kept_on_the_device_until_the_rollout_ends_change_no_number(
     assert [r.status for r in apart] == [r.status for r in default]
     for a, d in zip(apart, default):
         assert strip(a.metrics) == strip(d.metrics) and a.metrics
+
+
+def test_a_torch_familys_rows_step_as_one_and_each_equals_itself_alone(tmp_path, monkeypatch):
+    """Rows with one loss setting and one beta compute their heads and losses as one ``[F, n]``
+    call (``PPOLoss(rows=True)``); a row whose beta differs is not of that family. Each run
+    of the group equals itself alone (seed 1, beta 0.3, in row 1)."""
+    from klppo.rl.engine import torch_stack
+
+    sizes: list[tuple[int, ...]] = []
+    real = torch_stack._families
+    monkeypatch.setattr(torch_stack, "_families",
+                        lambda *a: sizes.append(tuple(map(len, real(*a)))) or real(*a))
+
+    def run(out, seed, beta):
+        return config(out, seed=seed, steps=1024, fast_path=False, objective="kl_penalty",
+                      ppo=dict(kl_estimator="k3"), kl=dict(controller="fixed", beta=beta))
+    group = train_batched([run(tmp_path / f"g{s}", s, b)
+                           for s, b in ((0, 0.1), (1, 0.3), (2, 0.1), (3, 0.1))])
+    assert set(sizes) == {(3, 1)}
+    alone = train_batched([run(tmp_path / "alone", 1, 0.3)])[0]
+    assert strip(group[1].metrics) == strip(alone.metrics)
+    alone = train_batched([run(tmp_path / "alone2", 2, 0.1)])[0]
+    assert strip(group[2].metrics) == strip(alone.metrics)

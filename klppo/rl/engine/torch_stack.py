@@ -10,10 +10,12 @@ and the stacked forward read the same numbers. Each row's optimiser state is its
 
 :meth:`TorchStack.step` is THE torch minibatch step (a plain run is a stack of one): one stacked
 forward of every network (``baddbmm`` over ``[A, n, in]``, tanh between layers; a shared trunk
-feeds the actor and critic layers); per policy, its own head (log-probability, entropy, analytic
-KL) and its own :class:`~klppo.core.loss.PPOLoss` (its objective, band, estimator, beta); one
-backward of the policies' summed losses (they share no parameter, so each row's gradient is its
-own loss's); one :class:`TorchAdam` step. A row that steps alone is padded with a copy that has
+feeds the actor and critic layers); the heads (log-probability, entropy, analytic KL) and
+:class:`~klppo.core.loss.PPOLoss` of the policies that share a head, a loss setting and a beta
+as one ``[F, n]`` computation (``PPOLoss(rows=True)``: each row's numbers those of its own
+call), a policy in no such family on its own; one backward of the policies' summed losses
+(they share no parameter, so each row's gradient is its own loss's); one :class:`TorchAdam`
+step. A row that steps alone is padded with a copy that has
 no loss: torch's ``bmm`` backward rounds a batch of one otherwise than a batch of two or more, and
 a policy's numbers must not depend on how many rows step beside it.
 """
@@ -28,6 +30,7 @@ import torch
 
 from klppo.core.loss import PER_SAMPLE, PPOLoss
 from klppo.nn.actor_critic import ActorCritic
+from klppo.nn.numpy.closed_form import rows_key
 from klppo.nn.step import StepResult
 from klppo.rl.config import PPOConfig
 from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot
@@ -71,6 +74,38 @@ def _one_step_sequences(loss: PPOLoss, logp: torch.Tensor) -> torch.Tensor | Non
     if loss.policy.level != "sequence":
         return None
     return torch.arange(logp.shape[0], device=logp.device)
+
+
+def _families(slots: list[Any], losses: list[PPOLoss], betas: list[float]) -> list[list[int]]:
+    """The step's positions grouped by what their head and loss compute besides their
+    inputs: one head, one :func:`~klppo.nn.numpy.closed_form.rows_key` (a token-level loss
+    whose samples are independent, the same settings) and one beta, as one ``[F, n]``
+    computation each; a loss without a key is a family of its own."""
+    by_key: dict[Any, list[int]] = {}
+    for a, (slot, loss) in enumerate(zip(slots, losses)):
+        key = rows_key(loss)
+        key = ("alone", a) if key is None else (type(slot.head), slot.head.param_dim, key,
+                                                loss.needs_analytic_kl, betas[a])
+        by_key.setdefault(key, []).append(a)
+    return list(by_key.values())
+
+
+def _losses(head: Any, loss: PPOLoss, beta: float, params: torch.Tensor, values: torch.Tensor,
+            f: dict[str, Any], rows: bool) -> tuple[Any, ...]:
+    """A policy's head (log-probability, entropy, analytic KL) and :class:`PPOLoss` on its
+    minibatch ``f``, or those of a family's rows as ``[F, n]`` (``rows``: ``PPOLoss(rows=True)``,
+    each row's numbers those of its own call)."""
+    needs_kl = loss.needs_analytic_kl
+    logp = head.log_prob(params, f["actions"])
+    with torch.set_grad_enabled(loss.ent_coef > 0):
+        entropy = head.entropy(params)
+    with torch.set_grad_enabled(needs_kl):
+        kl = head.kl(f["params"], params)
+    out = loss(logp, f["logp"], f["adv"], values, f["returns"], f["values"], entropy,
+               kl if needs_kl else None, beta, diagnostics=False, per_sample=True,
+               sequence_ids=None if rows else _one_step_sequences(loss, logp),
+               sample_weight=f["weight"], rows=rows)
+    return logp, entropy, kl, out
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
@@ -175,31 +210,36 @@ class TorchStack:
             raise ValueError("the torch stack keeps no step log (the numpy stack's)")
         dev, slots = self.device, [self.slots[r] for r in rows]
         r_idx = torch.tensor(rows, device=dev)  # a copy: rows may be a read-only view
-        f = {k: _dev(getattr(mb, k), dev) for k in ("obs", "actions", "params", "logp", "adv",
-                                                    "returns", "values")}
-        weight = None if mb.weight is None else _dev(mb.weight, dev)
+        f: dict[str, torch.Tensor | None] = {
+            k: _dev(getattr(mb, k), dev)
+            for k in ("obs", "actions", "params", "logp", "adv", "returns", "values")}
+        f["weight"] = None if mb.weight is None else _dev(mb.weight, dev)
+        obs, adv = cast(torch.Tensor, f["obs"]), cast(torch.Tensor, f["adv"])
         lone = len(rows) == 1  # padded with a copy that has no loss (see the module docstring)
         W = self.W[r_idx.repeat(2) if lone else r_idx].requires_grad_(True)  # the leaf: a copy
-        params, values = self.nets(W, f["obs"].repeat(2, 1, 1) if lone else f["obs"])
+        params, values = self.nets(W, obs.repeat(2, 1, 1) if lone else obs)
         assert values is not None  # (the critic was computed)
-        total, outs = W.new_zeros(()), []
-        for a, (slot, loss) in enumerate(zip(slots, losses)):
-            head, needs_kl = slot.head, loss.needs_analytic_kl
-            logp = head.log_prob(params[a], f["actions"][a])
-            with torch.set_grad_enabled(loss.ent_coef > 0):
-                entropy = head.entropy(params[a])
-            with torch.set_grad_enabled(needs_kl):
-                kl = head.kl(f["params"][a], params[a])
-            out = loss(logp, f["logp"][a], f["adv"][a], values[a], f["returns"][a],
-                       f["values"][a], entropy, kl if needs_kl else None, betas[a],
-                       diagnostics=False, per_sample=True,
-                       sequence_ids=_one_step_sequences(loss, logp),
-                       sample_weight=None if weight is None else weight[a])
-            total = total + out["loss"]
-            outs.append((logp, values[a], entropy, kl, out))
+        total, outs = W.new_zeros(()), cast(list[Any], [None] * len(rows))
+        for fam in _families(slots, losses, betas):
+            if len(fam) == 1:  # its own head and loss
+                a = fam[0]
+                logp, entropy, kl, out = _losses(
+                    slots[a].head, losses[a], betas[a], params[a], values[a],
+                    {k: None if x is None else x[a] for k, x in f.items()}, False)
+                outs[a] = (logp, values[a], entropy, kl, out)
+                total = total + out["loss"]
+                continue
+            sel: Any = (slice(fam[0], fam[-1] + 1) if fam == list(range(fam[0], fam[-1] + 1))
+                        else torch.tensor(fam, device=dev))
+            logp, entropy, kl, out = _losses(
+                slots[fam[0]].head, losses[fam[0]], betas[fam[0]], params[sel], values[sel],
+                {k: None if x is None else x[sel] for k, x in f.items()}, True)
+            for j, a in enumerate(fam):
+                outs[a] = (logp[j], values[a], entropy[j], kl[j], {k: v[j] for k, v in out.items()})
+            total = total + out["loss"].sum()
         (G,) = torch.autograd.grad(total, W)
         norms = self.adam.step(self.W, G[:len(rows)], r_idx)
-        return _results(mb.idx, f["adv"], norms, outs)
+        return _results(mb.idx, adv, norms, outs)
 
     def probe_k3(self, rows: np.ndarray, idx: np.ndarray, mb: Minibatch) -> list[float]:
         """Per row of ``rows``, the mean k3 KL(rollout || current policy) on its minibatch
