@@ -12,7 +12,7 @@ from typing import Any, NoReturn, TypeVar
 from klppo.cli.errors import BAD_INPUT, FlagError, say_error
 
 __all__ = ["OneLineParser", "parse_config_flags", "yaml_value", "path_arg", "name_arg", "int_in",
-           "Once", "RaisingParser"]
+           "MAX_WORKERS", "Once", "RaisingParser"]
 
 T = TypeVar("T")
 
@@ -31,6 +31,10 @@ class RaisingParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise FlagError(message)
+
+
+#: the most worker processes a command starts at once (``--workers`` of sweep, demo, compare)
+MAX_WORKERS = 1024
 
 
 def path_arg(text: str) -> str:

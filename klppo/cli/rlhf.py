@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 
 from klppo.cli.errors import REPORTED, FlagError, crashed, fail, signal_exit, stopped_at_once
-from klppo.cli.flags import Once, OneLineParser, name_arg, parse_config_flags
+from klppo.cli.flags import Once, OneLineParser, name_arg, parse_config_flags, path_arg
 from klppo.cli.progress import Bar, Closes, Part, quiet_hf_progress
 
 RLHF_USAGE = """klppo rlhf [--preset NAME] [--config FILE.yaml] [FLAGS...]
@@ -70,8 +70,8 @@ def _pre_parser() -> OneLineParser:
     """The flags read before the config: --preset, --config and --resume (each at most once)."""
     pre = OneLineParser(prog="klppo rlhf", add_help=False, allow_abbrev=False)
     pre.add_argument("--preset", type=name_arg, action=Once)
-    pre.add_argument("--config", action=Once)
-    pre.add_argument("--resume", action=Once)
+    pre.add_argument("--config", type=path_arg, action=Once)
+    pre.add_argument("--resume", type=path_arg, action=Once)
     return pre
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from klppo.cli.errors import FAILED, REPORTED, FlagError, fail
-from klppo.cli.flags import OneLineParser, name_arg, path_arg, yaml_value
+from klppo.cli.flags import MAX_WORKERS, Once, OneLineParser, name_arg, path_arg, yaml_value
 from klppo.cli.progress import Eta, clock
 
 
@@ -33,12 +33,12 @@ def conclusion(summaries) -> list[str]:
 
 
 def _compare_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="klppo rlhf compare",
+    p = OneLineParser(prog="klppo rlhf compare", allow_abbrev=False,
                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                       description="fixed vs adaptive KL control, both regimes: four arms per "
                                   "seed (a too-strong and a too-weak fixed beta, and the "
                                   "adaptive controller started from each), then the report")
-    p.add_argument("--preset", type=name_arg, default=argparse.SUPPRESS,
+    p.add_argument("--preset", type=name_arg, default=argparse.SUPPRESS, action=Once,
                    help="start every arm from a `klppo rlhf --preset` (smollm2: SmolLM2-135M, "
                         "lr 1e-5, the PID rule, target 3); the flags below override it "
                         "(default: none, the Austen model's settings)")
@@ -56,8 +56,9 @@ def _compare_parser() -> argparse.ArgumentParser:
                    help="adaptive controller (default: the preset's, else proportional)")
     p.add_argument("--target", type=float, default=argparse.SUPPRESS,
                    help="target KL, nats per sequence (default: the preset's, else 6)")
-    p.add_argument("--workers", type=int, default=2, help="arms in parallel")
-    p.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+    p.add_argument("--workers", type=int, default=2,
+                   help=f"arms in parallel (at most {MAX_WORKERS:,})")
+    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
                    help="other RLHFConfig fields, e.g. lr=0.0001 kl_estimator=k3")
     return p
 
@@ -95,8 +96,8 @@ def _compare_configs(a: argparse.Namespace) -> dict:
     for flag, v in (("--strong-beta", a.strong_beta), ("--weak-beta", a.weak_beta)):
         if not (math.isfinite(v) and v >= 0):
             raise FlagError(f"{flag}={v!r}: must be finite and >= 0")
-    if a.workers < 1:
-        raise FlagError(f"--workers={a.workers!r}: must be an integer >= 1")
+    if not 1 <= a.workers <= MAX_WORKERS:
+        raise FlagError(f"--workers={a.workers!r}: must be an integer in [1, {MAX_WORKERS:,}]")
     if len(set(a.seeds)) != len(a.seeds):
         raise FlagError(f"--seeds={a.seeds!r}: must be distinct")
     preset = getattr(a, "preset", None)  # (flags not given are absent: defaults are the base's)
@@ -110,7 +111,38 @@ def _compare_configs(a: argparse.Namespace) -> dict:
     configs = arms(base, a.strong_beta, a.weak_beta, adaptive, a.seeds)
     check_model_dir(base.model)
     check_writable(a.out)
+    _check_out(a.out, configs)
     return configs
+
+
+def _check_out(out: str, configs: dict) -> None:
+    """FlagError for an --out that holds something other than a comparison (a run, a sweep, a
+    tuning study), or a comparison whose arms were started with other settings (its finished
+    arms would be reported as this one's)."""
+    import dataclasses
+
+    import yaml
+
+    from klppo.experiments.rlhf_worker import PENDING
+    from klppo.runs.owned import kind_of
+    from klppo.runs.rundir import read_yaml
+
+    held = kind_of(Path(out).resolve())
+    if held is not None:
+        raise FlagError(f"--out={out!r}: holds a {held}, not a comparison; choose another --out")
+    for name, cfg in configs.items():
+        pending = Path(out) / "runs" / name / PENDING
+        if not pending.is_file():
+            continue
+        before = {k: v for k, v in (read_yaml(pending, "arm") or {}).items() if k != "out"}
+        now = yaml.safe_load(yaml.safe_dump(dataclasses.asdict(cfg)))
+        now.pop("out", None)
+        changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+        if changed:
+            k = changed[0]
+            raise FlagError(f"--out={out!r}: its arm {name} was started with {k}="
+                            f"{before.get(k)!r}, not {now.get(k)!r}; continue it with the same "
+                            f"flags or choose another --out")
 
 
 def run(argv: list[str]) -> int:

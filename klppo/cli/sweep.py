@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from klppo.cli.errors import REPORTED, FlagError, fail, one_line
-from klppo.cli.flags import Once, name_arg, path_arg, yaml_value
+from klppo.cli.flags import MAX_WORKERS, Once, name_arg, path_arg, yaml_value
 from klppo.cli.progress import Bar, Part, clock
 from klppo.runs.errors import InputError
 from klppo.runs.install import install_hint
@@ -128,8 +128,8 @@ def check_run_flags(workers: int | None, out: str, max_runs: int | None = None,
     """FlagError for a worker count, run limit or group size below 1, a group size beside
     the old ``--engine process``, or an --out that is a file or where the sweep's files would
     land on what a run or study owns."""
-    if workers is not None and workers < 1:
-        raise FlagError(f"--workers={workers}: must be >= 1 (parallel runs)")
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise FlagError(f"--workers={workers}: must be in [1, {MAX_WORKERS:,}] (parallel runs)")
     if group_size is not None and group_size < 1:
         raise FlagError(f"--group-size={group_size}: must be >= 1 (runs per process)")
     if group_size is not None and engine == "process":

@@ -37,6 +37,9 @@ def validate_rlhf(c: RLHFConfig) -> RLHFConfig:
     from klppo.lm.bounds import check_rlhf
 
     check_rlhf(c)
+    if c.out is not None and (not c.out.strip() or "\0" in c.out):
+        raise _bad("out", c.out, "names no path (leave it out for a new directory under "
+                   "runs/rlhf)")
     if c.batch_size % c.minibatch_size:
         raise _bad("minibatch_size", c.minibatch_size, f"must divide batch_size={c.batch_size}")
     if not c.beta_max > c.beta_min or math.isnan(c.beta_max):

@@ -59,9 +59,12 @@ def check_model_dir(path: str | Path, what: str = "model", kind: str = "causal")
     if kind in ("causal", None) and is_named_model(path):
         smollm2_gguf(what)  # the extra is installed (nothing is loaded)
         return
+    if not str(path).strip() or "\0" in str(path):
+        raise ConfigError(f"{what}={str(path)!r}: names no path")
     p = Path(path)
     name = f"{what}={str(p)!r}"
-    hint = f"pretrain one with `klppo lm pretrain --out {p}` or pass a HF model directory"
+    hint = (f"pretrain one with `klppo lm pretrain --out {p}` or pass a HF model directory"
+            if p.suffix == "" else "pass a HF model directory")
     if not p.exists():
         raise ConfigError(f"{name}: no such directory; {hint}")
     if not p.is_dir():

@@ -76,7 +76,10 @@ def rlhf(cfg: RLHFConfig, reward: RewardFn | None = None,
     _refuse_existing_run(out)
     with compute_threads(cfg.torch_threads) as threads:
         exp = Experiment(cfg, reward)  # loads and checks the model, reward, corpus
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"out={str(out)!r}: cannot be made ({e.strerror or e})") from None
         lock = R.DirLock(out).acquire()
         try:
             _refuse_existing_run(out)  # another process may have started one meanwhile
@@ -90,6 +93,11 @@ def rlhf(cfg: RLHFConfig, reward: RewardFn | None = None,
 
 def _refuse_existing_run(out: Path) -> None:
     if (out / "metrics.jsonl").exists() or (out / CHECKPOINT).exists():
+        try:
+            _rlhf_config_dict(out)
+        except (ResumeError, ConfigError, OSError):  # not an rlhf run: it is not ours to resume
+            raise ConfigError(f"out={str(out)!r}: already holds a run that is not a `klppo "
+                              f"rlhf` run; choose another --out") from None
         raise ConfigError(f"out={str(out)!r}: already holds a run; continue it with "
                           f"`klppo rlhf --resume {out}` or choose another --out")
 

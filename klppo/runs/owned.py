@@ -26,7 +26,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["RUN_OWNED", "SWEEP_OWNED", "STUDY_OWNED", "owned_reason", "container_reason"]
+__all__ = ["RUN_OWNED", "SWEEP_OWNED", "STUDY_OWNED", "owned_reason", "container_reason",
+           "kind_of"]
 
 #: what a run directory owns: name -> what it is to the run
 RUN_OWNED = {
@@ -68,7 +69,7 @@ _RUN_MARKS = ("metrics.jsonl", "status.json", "checkpoint.pt", "metadata.json")
 _TEMP = (re.compile(r"^\.(.+)\.tmp\d*$"), re.compile(r"^(.+)\.tmp$"))
 
 
-def _kind(d: Path) -> str | None:
+def kind_of(d: Path) -> str | None:
     """'run', 'sweep' or 'tuning study' for a directory that holds one, else None."""
     try:
         if not d.is_dir():
@@ -114,12 +115,12 @@ def _judge(target: Path, is_dest_dir: bool) -> tuple[str, str | None, Path, str]
     study, else None. ``is_dest_dir``: ``target`` is the destination directory itself (not a
     file written into it)."""
     if not is_dest_dir:
-        kind = _kind(target)
+        kind = kind_of(target)
         if kind is not None:
             return (target.name, None, target, kind)
     for owner in target.parents:
-        kind = _kind(owner)
-        under_runs = owner.parent.name == "runs" and _kind(owner.parent.parent) in (
+        kind = kind_of(owner)
+        under_runs = owner.parent.name == "runs" and kind_of(owner.parent.parent) in (
             "sweep", "tuning study")
         if kind is None and not under_runs:
             continue
@@ -180,6 +181,6 @@ def container_reason(dest: str | os.PathLike[str], kind: str,
     (``klppo sweep``) or 'tuning study' (``klppo tune``). A directory already of that kind is
     the command's own earlier output (it continues there); anything else may become one only
     where none of the kind's files would land on a file something else owns."""
-    if _kind(Path(dest).resolve()) == kind:
+    if kind_of(Path(dest).resolve()) == kind:
         return None
     return owned_reason(dest, (SWEEP_OWNED if kind == "sweep" else STUDY_OWNED), what)

@@ -50,10 +50,15 @@ def _model(kind: str):
 def _out(kind: str):
     def make(tmp: Path, model: Path) -> list[str]:
         (tmp / "f").write_text("x")
-        if kind == "run":
+        if kind in ("run", "train_run"):
             (tmp / "old").mkdir()
             (tmp / "old" / "metrics.jsonl").write_text('{"iteration": 1}\n')
-        target = {"file": tmp / "f", "under_file": tmp / "f" / "run", "run": tmp / "old"}[kind]
+            (tmp / "old" / "config.yaml").write_text("kind: rlhf\n" if kind == "run" else
+                                                     "env: CartPole-v1\n")
+        if kind == "empty":
+            return ["--model", str(model), "--out", ""]
+        target = {"file": tmp / "f", "under_file": tmp / "f" / "run", "run": tmp / "old",
+                  "train_run": tmp / "old"}[kind]
         return ["--model", str(model), "--out", str(target)]
     return make
 
@@ -135,6 +140,11 @@ RLHF_CASES = {
     "out_is_file": (_out("file"), ["out=", "not a directory"]),
     "out_under_file": (_out("under_file"), ["out=", "is a file"]),
     "out_holds_run": (_out("run"), ["out=", "already holds a run", "--resume"]),
+    "out_holds_train_run": (_out("train_run"), ["out=", "not a `klppo rlhf` run"]),
+    "out_empty": (_out("empty"), ["out=''", "names no path"]),
+    "config_empty_name": (lambda tmp, m: ["--config", ""], ["--config", "names no path"]),
+    "resume_empty_name": (lambda tmp, m: ["--resume", ""], ["--resume", "names no path"]),
+    "model_empty": (lambda tmp, m: ["--model", ""], ["model=''", "names no path"]),
     # --resume
     "resume_missing": (_resume("missing"), ["resume=", "no such directory"]),
     "resume_not_run": (_resume("empty"), ["resume=", "no config.yaml"]),
@@ -241,6 +251,10 @@ COMPARE_CASES = {
     "preset_unknown": (["--preset", "smollm3"], ["preset='smollm3'", "smollm2"]),
     "target_zero": (["--target", "0"], ["target=0.0", "> 0"]),
     "workers_zero": (["--workers", "0"], ["--workers=0"]),
+    "workers_huge": (["--workers", "100000"], ["--workers=100000", "1,024"]),
+    "preset_twice": (["--preset", "smollm2", "--preset", "x"], ["--preset", "given twice"]),
+    "abbreviated": (["--pre", "smollm2"], ["--pre"]),
+    "set_twice_each_checked": (["--set", "lr=-1", "--set", "gamma=0.5"], ["lr=-1.0"]),
     "seeds_repeated": (["--seeds", "0", "0"], ["--seeds=[0, 0]", "distinct"]),
     "seed_negative": (["--seeds", "-1"], ["seed=-1"]),
     "set_wrong_type": (["--set", "lr=fast"], ["lr='fast'", "a number"]),
