@@ -5,9 +5,10 @@ then this one, ``--pairs`` times, so that the machine's drift hits both alike.
 Usage:
     git worktree add /tmp/old <rev>
     python benchmarks/ab_group.py /tmp/old [--preset klip/cartpole] [--runs 20]
-        [--steps 30720] [--pairs 3] [--cpu 0] [--target-kl X]
+        [--steps 30720] [--pairs 3] [--cpu 0] [--target-kl X] [--no-fast-path]
 
-``--target-kl X`` gives every run SB3's minibatch early stop at ``X`` (nats per sample).
+``--target-kl X`` gives every run SB3's minibatch early stop at ``X`` (nats per sample);
+``--no-fast-path`` trains the group on the torch stack.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ if sys.argv[5] != "none":
     ppo = dataclasses.replace(ppo, target_kl=float(sys.argv[5]), early_stop="minibatch")
 with tempfile.TemporaryDirectory() as root:
     cfgs = [dataclasses.replace(rl.preset(preset), seed=s, objective="clip", total_steps=steps,
-                                tensorboard=False, out=os.path.join(root, f"r{s}"), ppo=ppo)
+                                tensorboard=False, out=os.path.join(root, f"r{s}"), ppo=ppo,
+                                fast_path=sys.argv[6] != "torch")
             for s in range(R)]
     c0 = time.process_time()
     rs = rl.train_batched(cfgs)
@@ -44,7 +46,8 @@ print(max(r.metrics[-1]["time_elapsed"] for r in rs), cpu)
 def one(tree: Path, a: argparse.Namespace) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", CHILD, a.preset, str(a.runs), str(a.steps),
-                          str(a.cpu), "none" if a.target_kl is None else str(a.target_kl)],
+                          str(a.cpu), "none" if a.target_kl is None else str(a.target_kl),
+                          "torch" if a.no_fast_path else "numpy"],
                          env=env, cwd=tree, capture_output=True, text=True,
                          check=True).stdout.split()
     return float(out[-2]), float(out[-1])
@@ -60,9 +63,11 @@ def main() -> None:
     ap.add_argument("--cpu", type=int, default=0)
     ap.add_argument("--target-kl", type=float, default=None,
                     help="SB3's minibatch early stop at this k3 target for every run")
+    ap.add_argument("--no-fast-path", action="store_true", help="the torch stack")
     a = ap.parse_args()
     per = 1e6 / (a.runs * a.steps)
     stop = "" if a.target_kl is None else f", early stop at k3 > 1.5 x {a.target_kl}"
+    stop += ", torch stack" if a.no_fast_path else ""
     print(f"{a.preset}: {a.runs} runs x {a.steps} steps in one group{stop}, cpu {a.cpu}; "
           f"us per run-step of loop (CPU s)")
     for i in range(1, a.pairs + 1):
