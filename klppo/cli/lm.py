@@ -6,7 +6,7 @@ import textwrap
 
 from klppo.cli.errors import BAD_INPUT, INTERRUPTED, REPORTED, crashed, fail, say_error
 from klppo.cli.flags import parse_config_flags
-from klppo.cli.progress import Bar, Part, quiet_hf_progress
+from klppo.cli.progress import Bar, Part, no_tqdm_bars, quiet_hf_progress
 
 LM_USAGE = """usage: klppo lm pretrain [FLAGS...]
 
@@ -42,6 +42,7 @@ class PretrainProgress:
 
 def run(argv: list[str]) -> int:
     """``klppo lm ARGV``: ``pretrain`` is the one command."""
+    no_tqdm_bars()
     if argv and argv[0] in ("-h", "--help"):
         print(LM_USAGE)
         return 0

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import IO, Any, Self
 
 __all__ = ["NumericWarnings", "one_line_warnings", "clock", "Part", "layout", "Eta", "Bar",
-           "StderrHandler", "Closes", "quiet_hf_progress"]
+           "StderrHandler", "Closes", "quiet_hf_progress", "no_tqdm_bars"]
 
 
 @contextlib.contextmanager
@@ -273,6 +273,15 @@ class StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value: IO[str]) -> None:  # logging sets it; the current stderr is used
         pass
+
+
+def no_tqdm_bars() -> None:
+    """No tqdm bars (transformers' GGUF loader uses plain tqdm) beside klppo's own: tqdm reads
+    ``TQDM_DISABLE`` when it is imported (by torch), so this runs first; a user's value wins,
+    and worker processes inherit it."""
+    import os
+
+    os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 def quiet_hf_progress() -> None:

@@ -7,7 +7,7 @@ import signal
 
 from klppo.cli.errors import REPORTED, FlagError, crashed, fail, signal_exit, stopped_at_once
 from klppo.cli.flags import Once, OneLineParser, name_arg, parse_config_flags, path_arg
-from klppo.cli.progress import Bar, Closes, Part, quiet_hf_progress
+from klppo.cli.progress import Bar, Closes, Part, no_tqdm_bars, quiet_hf_progress
 
 RLHF_USAGE = """klppo rlhf [--preset NAME] [--config FILE.yaml] [FLAGS...]
        klppo rlhf --resume RUN_DIR
@@ -79,6 +79,7 @@ def run(argv: list[str]) -> int:
     """``klppo rlhf ARGV`` (``klppo rlhf compare ...`` included): 0 when the run finished, 1
     when it failed, 2 on bad input, 128 + the signal (130 SIGINT, 143 SIGTERM) when a signal
     stopped it (the resume command is printed)."""
+    no_tqdm_bars()
     if argv and argv[0] == "compare":
         from klppo.cli.rlhf_compare import run as run_compare
 
