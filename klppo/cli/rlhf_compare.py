@@ -134,7 +134,11 @@ def _check_out(out: str, configs: dict) -> None:
         pending = Path(out) / "runs" / name / PENDING
         if not pending.is_file():
             continue
-        before = {k: v for k, v in (read_yaml(pending, "arm") or {}).items() if k != "out"}
+        raw = read_yaml(pending, "arm")
+        if not isinstance(raw, dict):
+            raise FlagError(f"--out={out!r}: {pending} is not an arm's config; choose another "
+                            f"--out")
+        before = {k: v for k, v in raw.items() if k != "out"}
         now = yaml.safe_load(yaml.safe_dump(dataclasses.asdict(cfg)))
         now.pop("out", None)
         changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))

@@ -76,3 +76,16 @@ def test_a_comparison_started_with_other_settings_is_refused(tiny_model_dir, tmp
     from klppo.cli.rlhf_compare import _check_out
 
     _check_out(str(tmp_path / "cmp"), configs)  # the same settings: it continues there
+
+
+@pytest.mark.parametrize("text", ["- a list\n", "lr: [1\n", ""])
+def test_a_damaged_arm_config_in_out_is_one_line(text, tiny_model_dir, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from klppo.experiments.rlhf_worker import PENDING
+    from tests.badinput import assert_one_line_error
+
+    arm = tmp_path / "o" / "runs" / "fixed_strong__0"
+    arm.mkdir(parents=True)
+    (arm / PENDING).write_text(text)
+    rc = _compare(tiny_model_dir, tmp_path / "o")
+    assert_one_line_error(rc, capsys.readouterr().err, 2, "rlhf compare", [str(arm / PENDING)])
