@@ -129,7 +129,8 @@ def check_run_flags(workers: int | None, out: str, max_runs: int | None = None,
     the old ``--engine process``, or an --out that is a file or where the sweep's files would
     land on what a run or study owns."""
     if workers is not None and not 1 <= workers <= MAX_WORKERS:
-        raise FlagError(f"--workers={workers}: must be in [1, {MAX_WORKERS:,}] (parallel runs)")
+        raise FlagError(f"--workers={workers}: must be >= 1 and at most {MAX_WORKERS:,} "
+                        f"(parallel runs)")
     if group_size is not None and group_size < 1:
         raise FlagError(f"--group-size={group_size}: must be >= 1 (runs per process)")
     if group_size is not None and engine == "process":

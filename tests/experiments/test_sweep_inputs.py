@@ -95,6 +95,7 @@ FLAG_CASES = [
     ("out-empty", ["--out", ""], "argument --out: '' names no path"),
     ("workers-0", ["--workers", "0"], "--workers=0: must be >= 1"),
     ("workers-negative", ["--workers", "-2"], "--workers=-2: must be >= 1"),
+    ("workers-huge", ["--workers", "100000"], "--workers=100000: must be >= 1 and at most 1,024"),
     ("set-no-equals", ["--set", "ppo.lr"], "--set='ppo.lr': expected FIELD=VALUE"),
     ("set-no-field", ["--set", "=3"], "--set='=3': expected FIELD=VALUE"),
     ("set-no-value", ["--set", "ppo.lr="], "--set='ppo.lr=': expected FIELD=VALUE"),
