@@ -34,7 +34,11 @@ def _compare(model, out, *flags):
     return run_main(["rlhf", "compare", "--model", str(model), "--out", str(out), *flags])
 
 
-@pytest.mark.parametrize("holds", ["rlhf run", "train run", "sweep"])
+SLOW = pytest.mark.slow  # each case starts the CLI (transformers' import): one in the default suite
+
+
+@pytest.mark.parametrize("holds", ["rlhf run", pytest.param("train run", marks=SLOW),
+                                   pytest.param("sweep", marks=SLOW)])
 def test_an_out_that_holds_something_else_is_refused_before_anything_is_written(
         holds, tiny_model_dir, tmp_path, capsys):
     pytest.importorskip("transformers")
@@ -78,7 +82,8 @@ def test_a_comparison_started_with_other_settings_is_refused(tiny_model_dir, tmp
     _check_out(str(tmp_path / "cmp"), configs)  # the same settings: it continues there
 
 
-@pytest.mark.parametrize("text", ["- a list\n", "lr: [1\n", ""])
+@pytest.mark.parametrize("text", ["- a list\n", pytest.param("lr: [1\n", marks=SLOW),
+                                  pytest.param("", marks=SLOW)])
 def test_a_damaged_arm_config_in_out_is_one_line(text, tiny_model_dir, tmp_path, capsys):
     pytest.importorskip("transformers")
     from klppo.experiments.rlhf_worker import PENDING
