@@ -170,7 +170,7 @@ class PPOLoss:
         old_values: torch.Tensor | None = None,
         entropy: torch.Tensor | None = None,
         kl: torch.Tensor | None = None,
-        beta: float = 0.0,
+        beta: float | torch.Tensor = 0.0,
         diagnostics: bool = True,
         per_sample: bool = False,
         sequence_ids: torch.Tensor | None = None,
@@ -187,7 +187,9 @@ class PPOLoss:
                 (for value clipping); omit ``values`` for a policy-only loss.
             entropy: ``[B]`` per-state entropy of pi_new (with gradient) or None.
             kl: ``[B]`` per-state analytic KL(pi_old || pi_new) for the analytic estimator.
-            beta: KL coefficient from the controller (``kl_penalty``, ``clip_kl``).
+            beta: KL coefficient from the controller (``kl_penalty``, ``clip_kl``); with
+                ``rows``, a float or an ``[A]`` tensor, each row's (cast to the inputs' dtype,
+                as torch casts a float).
             diagnostics: compute the detached diagnostics (a training loop that computes them
                 once per iteration over all minibatches passes False).
             per_sample: also return the detached per-sample quantities of :data:`PER_SAMPLE`
@@ -214,6 +216,8 @@ class PPOLoss:
             raise ValueError("PPOLoss(rows=True) takes [A, B] inputs of a token-level objective, "
                              "without diagnostics")
         mean = _row_mean if rows else _mean
+        if rows and isinstance(beta, torch.Tensor):  # one per row
+            beta = beta.detach().to(logp_new.dtype).reshape(-1, 1)
         adv = advantage.detach()
         if self.normalize_advantage == "minibatch":
             adv = normalize_advantage(adv, rows=rows)

@@ -185,12 +185,15 @@ def kl_penalty_objective(
 
     ``kl`` is any per-sample estimate of KL(pi_old || pi_new) (analytic per state, or a sampled
     estimator from :mod:`klppo.core.kl`), in nats per sample; ``beta`` comes from a controller and
-    is treated as a constant.
+    is treated as a constant; for ``[A, B]`` inputs (the rows of a stack) it may be ``[A, 1]``,
+    one per row.
     """
     check_same_shape(ratio=ratio, advantage=advantage, kl=kl)
     if isinstance(beta, torch.Tensor):
-        if beta.numel() != 1:
-            raise ValueError(f"beta must be a scalar, got shape {tuple(beta.shape)}")
+        per_row = kl.ndim == 2 and tuple(beta.shape) == (kl.shape[0], 1)
+        if beta.numel() != 1 and not per_row:
+            raise ValueError(f"beta must be a scalar (or [A, 1] for [A, B] rows), got shape "
+                             f"{tuple(beta.shape)}")
         beta = beta.detach()
     return ratio * advantage - beta * kl
 

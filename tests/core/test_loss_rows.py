@@ -35,14 +35,15 @@ def _inputs(A: int, B: int, seed: int) -> dict[str, torch.Tensor]:
                 weight=torch.rand(A, B, generator=g))
 
 
-def _call(loss: PPOLoss, x: dict[str, torch.Tensor], at, rows: bool, weighted: bool):
+def _call(loss: PPOLoss, x: dict[str, torch.Tensor], at, rows: bool, weighted: bool,
+          beta: float | torch.Tensor = 0.07):
     """The loss of ``x[at]`` and the gradients of its summed terms to the logits and values."""
     head = CategoricalHead(3)
     params = x["params"][at].clone().requires_grad_(True)
     values = x["values"][at].clone().requires_grad_(True)
     logp = head.log_prob(params, x["actions"][at])
     out = loss(logp, x["logp_old"][at], x["adv"][at], values, x["returns"][at],
-               x["old_values"][at], head.entropy(params), head.kl(x["old"][at], params), 0.07,
+               x["old_values"][at], head.entropy(params), head.kl(x["old"][at], params), beta,
                diagnostics=False, per_sample=True, rows=rows,
                sample_weight=x["weight"][at] if weighted else None)
     g_params, g_values = torch.autograd.grad(out["loss"].sum(), (params, values))
@@ -75,3 +76,20 @@ def test_rows_refuses_what_it_cannot_compute_per_row():
         PPOLoss("gspo")(logp, x["logp_old"], x["adv"], diagnostics=False, rows=True)
     with pytest.raises(ValueError, match="rows=True"):
         PPOLoss("clip")(logp[0], x["logp_old"][0], x["adv"][0], diagnostics=False, rows=True)
+
+
+@pytest.mark.parametrize("B", [7, 64, 333])
+@pytest.mark.parametrize("name", ["kl_penalty-k3", "kl_penalty-analytic", "clip_kl-k2"])
+def test_a_beta_per_row_gives_each_row_its_own_calls_numbers(name, B):
+    """``beta`` as an ``[A]`` tensor (the betas of several adaptive controllers): each row's
+    terms and gradients those of its own call with its beta as a float."""
+    loss, A = PPOLoss(**LOSSES[name]), 4
+    x = _inputs(A, B, seed=B + 1)
+    betas = [0.07, 1.3, 1e-4, 0.3333333333]
+    rows, g_rows, gv_rows = _call(loss, x, slice(None), True, False,
+                                  torch.tensor(betas, dtype=torch.float64))
+    for a in range(A):
+        alone, g_alone, gv_alone = _call(loss, x, a, False, False, betas[a])
+        for k, v in alone.items():
+            assert torch.equal(rows[k][a], v), (k, a)
+        assert torch.equal(g_rows[a], g_alone) and torch.equal(gv_rows[a], gv_alone)

@@ -291,9 +291,9 @@ def test_records_kept_on_the_device_until_the_rollout_ends_change_no_number(
 
 
 def test_a_torch_familys_rows_step_as_one_and_each_equals_itself_alone(tmp_path, monkeypatch):
-    """Rows with one loss setting and one beta compute their heads and losses as one ``[F, n]``
-    call (``PPOLoss(rows=True)``); a row whose beta differs is not of that family. Each run
-    of the group equals itself alone (seed 1, beta 0.3, in row 1)."""
+    """Rows with one loss setting compute their heads and losses as one ``[F, n]`` call
+    (``PPOLoss(rows=True)``), each with its own beta (fixed ones and an adaptive one); each run
+    of the group equals itself alone (beta 0.3 in row 1, the adaptive beta in row 2)."""
     from klppo.rl.engine import torch_stack
 
     sizes: list[tuple[int, ...]] = []
@@ -301,13 +301,17 @@ def test_a_torch_familys_rows_step_as_one_and_each_equals_itself_alone(tmp_path,
     monkeypatch.setattr(torch_stack, "_families",
                         lambda *a: sizes.append(tuple(map(len, real(*a)))) or real(*a))
 
-    def run(out, seed, beta):
-        return config(out, seed=seed, steps=1024, fast_path=False, objective="kl_penalty",
-                      ppo=dict(kl_estimator="k3"), kl=dict(controller="fixed", beta=beta))
-    group = train_batched([run(tmp_path / f"g{s}", s, b)
-                           for s, b in ((0, 0.1), (1, 0.3), (2, 0.1), (3, 0.1))])
-    assert set(sizes) == {(3, 1)}
-    alone = train_batched([run(tmp_path / "alone", 1, 0.3)])[0]
-    assert strip(group[1].metrics) == strip(alone.metrics)
-    alone = train_batched([run(tmp_path / "alone2", 2, 0.1)])[0]
-    assert strip(group[2].metrics) == strip(alone.metrics)
+    def run(out, seed, beta, controller="fixed"):
+        return config(out, seed=seed, steps=2048, fast_path=False, objective="kl_penalty",
+                      ppo=dict(kl_estimator="k3"),
+                      kl=dict(controller=controller, beta=beta, target=0.001,
+                              cadence="minibatch", measure="last_minibatch"))
+    group = train_batched([run(tmp_path / "g0", 0, 0.1), run(tmp_path / "g1", 1, 0.3),
+                           run(tmp_path / "g2", 2, 0.1, "proportional"),
+                           run(tmp_path / "g3", 3, 0.1)])
+    assert set(sizes) == {(4,)}
+    betas = {m["beta"] for m in group[2].metrics}
+    assert len(betas) > 1  # the adaptive row's beta moved
+    for i, alone in ((1, run(tmp_path / "a1", 1, 0.3)),
+                     (2, run(tmp_path / "a2", 2, 0.1, "proportional"))):
+        assert strip(group[i].metrics) == strip(train_batched([alone])[0].metrics)

@@ -11,8 +11,8 @@ and the stacked forward read the same numbers. Each row's optimiser state is its
 :meth:`TorchStack.step` is THE torch minibatch step (a plain run is a stack of one): one stacked
 forward of every network (``baddbmm`` over ``[A, n, in]``, tanh between layers; a shared trunk
 feeds the actor and critic layers); the heads (log-probability, entropy, analytic KL) and
-:class:`~klppo.core.loss.PPOLoss` of the policies that share a head, a loss setting and a beta
-as one ``[F, n]`` computation (``PPOLoss(rows=True)``: each row's numbers those of its own
+:class:`~klppo.core.loss.PPOLoss` of the policies that share a head and a loss setting (each its
+own beta) as one ``[F, n]`` computation (``PPOLoss(rows=True)``: each row's numbers those of its own
 call), a policy in no such family on its own; one backward of the policies' summed losses
 (they share no parameter, so each row's gradient is its own loss's); one :class:`TorchAdam`
 step. A row that steps alone is padded with a copy that has
@@ -78,19 +78,19 @@ def _one_step_sequences(loss: PPOLoss, logp: torch.Tensor) -> torch.Tensor | Non
 
 def _families(slots: list[Any], losses: list[PPOLoss], betas: list[float]) -> list[list[int]]:
     """The step's positions grouped by what their head and loss compute besides their
-    inputs: one head, one :func:`~klppo.nn.numpy.closed_form.rows_key` (a token-level loss
-    whose samples are independent, the same settings) and one beta, as one ``[F, n]``
-    computation each; a loss without a key is a family of its own."""
+    inputs and beta: one head and one :func:`~klppo.nn.numpy.closed_form.rows_key` (a
+    token-level loss whose samples are independent, the same settings), as one ``[F, n]``
+    computation each (beta one per row); a loss without a key is a family of its own."""
     by_key: dict[Any, list[int]] = {}
     for a, (slot, loss) in enumerate(zip(slots, losses)):
         key = rows_key(loss)
         key = ("alone", a) if key is None else (type(slot.head), slot.head.param_dim, key,
-                                                loss.needs_analytic_kl, betas[a])
+                                                loss.needs_analytic_kl)
         by_key.setdefault(key, []).append(a)
     return list(by_key.values())
 
 
-def _losses(head: Any, loss: PPOLoss, beta: float, params: torch.Tensor, values: torch.Tensor,
+def _losses(head: Any, loss: PPOLoss, beta: Any, params: torch.Tensor, values: torch.Tensor,
             f: dict[str, Any], rows: bool) -> tuple[Any, ...]:
     """A policy's head (log-probability, entropy, analytic KL) and :class:`PPOLoss` on its
     minibatch ``f``, or those of a family's rows as ``[F, n]`` (``rows``: ``PPOLoss(rows=True)``,
@@ -231,8 +231,11 @@ class TorchStack:
                 continue
             sel: Any = (slice(fam[0], fam[-1] + 1) if fam == list(range(fam[0], fam[-1] + 1))
                         else torch.tensor(fam, device=dev))
+            loss = losses[fam[0]]
+            beta: Any = (torch.tensor([betas[a] for a in fam], dtype=torch.float64, device=dev)
+                         if loss.policy.uses_beta else betas[fam[0]])
             logp, entropy, kl, out = _losses(
-                slots[fam[0]].head, losses[fam[0]], betas[fam[0]], params[sel], values[sel],
+                slots[fam[0]].head, loss, beta, params[sel], values[sel],
                 {k: None if x is None else x[sel] for k, x in f.items()}, True)
             for j, a in enumerate(fam):
                 outs[a] = (logp[j], values[a], entropy[j], kl[j], {k: v[j] for k, v in out.items()})
