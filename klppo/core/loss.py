@@ -200,8 +200,8 @@ class PPOLoss:
                 the mean (a training-inference mismatch correction, :mod:`klppo.core.mismatch`;
                 0 masks a sample out); the critic and entropy terms are not weighted.
             rows: every input is ``[A, B]``, the minibatches of ``A`` policies with this loss
-                and this ``beta`` (the rows of a stack), and every term is ``[A]``, each row's
-                over its own samples: the numbers each row's own call gives. Token-level
+                (the rows of a stack; ``beta`` one or one per row), and every term is ``[A]``,
+                each row's over its own samples: the numbers each row's own call gives. Token-level
                 objectives only, without ``diagnostics`` (ValueError otherwise).
 
         Returns:

@@ -396,7 +396,7 @@ FAMILIES = [
 
 @pytest.mark.parametrize("env", ["cartpole", "pendulum"])
 def test_runs_sharing_a_loss_step_as_one_family_each_as_alone(tmp_path, env):
-    from klppo.rl.engine.numpy_stack import _families
+    from klppo.rl.engine.rows import loss_families
     from klppo.rl.update import make_loss
 
     make = (lambda out, v: config(out, steps=1536, **v)) if env == "cartpole" else \
@@ -405,7 +405,7 @@ def test_runs_sharing_a_loss_step_as_one_family_each_as_alone(tmp_path, env):
     ordinary = [rl.train(make(tmp_path / f"o{i}", v)) for i, v in enumerate(FAMILIES)]
     assert_engines_agree(batched, ordinary)
     losses = [make_loss(make(tmp_path / "x", v)) for v in FAMILIES]
-    assert _families(losses) == [[0, 1], [2, 3]]
+    assert loss_families(losses) == [[0, 1], [2, 3]]
     assert any(m["early_stop"] == 1.0 for m in batched[2].metrics)
     assert len({m["beta"] for r in batched[:2] for m in r.metrics}) > 1
 

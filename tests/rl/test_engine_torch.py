@@ -297,8 +297,8 @@ def test_a_torch_familys_rows_step_as_one_and_each_equals_itself_alone(tmp_path,
     from klppo.rl.engine import torch_stack
 
     sizes: list[tuple[int, ...]] = []
-    real = torch_stack._families
-    monkeypatch.setattr(torch_stack, "_families",
+    real = torch_stack.loss_families
+    monkeypatch.setattr(torch_stack, "loss_families",
                         lambda *a: sizes.append(tuple(map(len, real(*a)))) or real(*a))
 
     def run(out, seed, beta, controller="fixed"):

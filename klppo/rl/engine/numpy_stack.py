@@ -31,26 +31,15 @@ from klppo.core.loss import PPOLoss
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.numpy import FastPathUnsupported, fast_path_refusal, flat_weights, mlp
 from klppo.nn.numpy.adam import NumpyAdam
-from klppo.nn.numpy.closed_form import loss_grads, rows_key
+from klppo.nn.numpy.closed_form import loss_grads
 from klppo.nn.numpy.heads import Categorical, Gaussian
 from klppo.nn.step import StepResult
 from klppo.rl.config import PPOConfig
-from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot
+from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot, loss_families
 from klppo.rl.engine.steplog import StepLog
 
 __all__ = ["NumpyStack", "NumpySlot"]
 
-
-def _families(losses: list[PPOLoss]) -> list[list[int]]:
-    """The positions of ``losses`` grouped by :func:`~klppo.nn.numpy.closed_form.rows_key`
-    (one ``[F, n]`` computation each); a loss without a key is a family of its own."""
-    if len(losses) == 1:  # a run alone: nothing to group
-        return [[0]]
-    by_key: dict[Any, list[int]] = {}
-    for a, loss in enumerate(losses):
-        key = rows_key(loss)
-        by_key.setdefault(("alone", a) if key is None else key, []).append(a)
-    return list(by_key.values())
 
 Layer = tuple[np.ndarray, np.ndarray]
 Head = Categorical | Gaussian
@@ -176,7 +165,7 @@ class NumpyStack:
         g_val = np.empty(values.shape + (1,), np.float32)
         per_row: list[Any] = [None] * len(rows)
         at: tuple[Any, Any] = (None, 0) if log is None else log.at(rows)
-        for family in _families(losses):
+        for family in loss_families(losses):
             if len(family) == 1:
                 a = family[0]
                 per_row[a] = self._loss(heads[a], a, out, values, mb, losses[a], betas[a],

@@ -21,6 +21,7 @@ import torch
 from klppo.core.kl import k3
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.distributions import CategoricalHead
+from klppo.nn.numpy.closed_form import rows_key
 from klppo.rl.optim import check_adam_state, flat_adam_state
 
 if TYPE_CHECKING:
@@ -28,12 +29,27 @@ if TYPE_CHECKING:
     from klppo.nn.step import StepResult
     from klppo.rl.config import PPOConfig
 
-__all__ = ["Layout", "RowSlot", "Minibatch", "TERMS", "Stack", "RowAdam"]
+__all__ = ["Layout", "RowSlot", "Minibatch", "TERMS", "Stack", "RowAdam", "loss_families"]
 
 #: the loss terms a step reports (those the loss has)
 TERMS = ("loss", "loss_objective", "loss_critic", "loss_entropy", "kl_penalty")
 
 Span = tuple[int, int]
+
+
+def loss_families(losses: list[Any]) -> list[list[int]]:
+    """The positions of a step's ``losses`` grouped by
+    :func:`~klppo.nn.numpy.closed_form.rows_key` (a token-level loss whose samples are
+    independent, the same settings but beta): each group one ``[F, n]`` computation of its heads
+    and losses (a stack's rows share one head: one layout); a loss without a key is a group of
+    its own. Both stacks group their rows so."""
+    if len(losses) == 1:  # a run alone: nothing to group
+        return [[0]]
+    by_key: dict[Any, list[int]] = {}
+    for a, loss in enumerate(losses):
+        key = rows_key(loss)
+        by_key.setdefault(("alone", a) if key is None else key, []).append(a)
+    return list(by_key.values())
 
 
 class Layout:

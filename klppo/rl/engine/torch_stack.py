@@ -30,10 +30,9 @@ import torch
 
 from klppo.core.loss import PER_SAMPLE, PPOLoss
 from klppo.nn.actor_critic import ActorCritic
-from klppo.nn.numpy.closed_form import rows_key
 from klppo.nn.step import StepResult
 from klppo.rl.config import PPOConfig
-from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot
+from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot, loss_families
 from klppo.rl.optim import TorchAdam
 from klppo.runs.device import resolve_device
 
@@ -74,20 +73,6 @@ def _one_step_sequences(loss: PPOLoss, logp: torch.Tensor) -> torch.Tensor | Non
     if loss.policy.level != "sequence":
         return None
     return torch.arange(logp.shape[0], device=logp.device)
-
-
-def _families(slots: list[Any], losses: list[PPOLoss], betas: list[float]) -> list[list[int]]:
-    """The step's positions grouped by what their head and loss compute besides their
-    inputs and beta: one head and one :func:`~klppo.nn.numpy.closed_form.rows_key` (a
-    token-level loss whose samples are independent, the same settings), as one ``[F, n]``
-    computation each (beta one per row); a loss without a key is a family of its own."""
-    by_key: dict[Any, list[int]] = {}
-    for a, (slot, loss) in enumerate(zip(slots, losses)):
-        key = rows_key(loss)
-        key = ("alone", a) if key is None else (type(slot.head), slot.head.param_dim, key,
-                                                loss.needs_analytic_kl)
-        by_key.setdefault(key, []).append(a)
-    return list(by_key.values())
 
 
 def _losses(head: Any, loss: PPOLoss, beta: Any, params: torch.Tensor, values: torch.Tensor,
@@ -220,7 +205,7 @@ class TorchStack:
         params, values = self.nets(W, obs.repeat(2, 1, 1) if lone else obs)
         assert values is not None  # (the critic was computed)
         total, outs = W.new_zeros(()), cast(list[Any], [None] * len(rows))
-        for fam in _families(slots, losses, betas):
+        for fam in loss_families(losses):
             if len(fam) == 1:  # its own head and loss
                 a = fam[0]
                 logp, entropy, kl, out = _losses(
