@@ -13,12 +13,12 @@ asks the running ones to finish their iteration, checkpoint and stop; they are r
 and resume from their last checkpoint. If the sweep itself is killed, its workers stop
 themselves the same graceful way.
 
-Engines: every run trains in klppo's one engine, whose unit is a group of runs
-(:mod:`klppo.rl.engine`). ``batched`` (the default) spreads the runs that can share a group over
-the workers, one group per worker and shape (:mod:`klppo.experiments.batching`; with Ray, one task
-per group), each run still in its own run directory; a crash of that process takes its whole group
-down (each run resumes from its last checkpoint at the next invocation). ``process`` trains each
-run in a worker process of its own.
+Groups: every run trains in klppo's one engine, whose unit is a group of runs
+(:mod:`klppo.rl.engine`). By default the runs that can share a group are spread over the
+workers, one group per worker and shape (:mod:`klppo.experiments.batching`; with Ray, one task
+per group), each run still in its own run directory; a crash of that process takes its whole
+group down (each run resumes from its last checkpoint at the next invocation). A group size of
+1 (``--group-size 1``) trains each run in a worker process of its own.
 
 Backends: ``local`` (default) runs at most ``workers`` processes at once on this machine;
 ``ray`` submits the same worker function as Ray tasks (one CPU each) to the cluster named by

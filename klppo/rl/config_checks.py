@@ -20,7 +20,15 @@ from klppo.core.surrogates import SHAPES, SOFT_SHAPES
 from klppo.rl import bounds
 from klppo.rl.actuate import check_actuator
 from klppo.rl.band_control import check_band_controller
-from klppo.rl.config import Cadence, KLMeasure, TrainConfig, WandbConfig, is_multiagent
+from klppo.rl.config import (
+    Cadence,
+    KLMeasure,
+    TrainConfig,
+    WandbConfig,
+    from_dict,
+    is_multiagent,
+    to_dict,
+)
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import check_ranges
 from klppo.runs.typecheck import short_repr
@@ -38,6 +46,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"config={short_repr(cfg)}: must be a klppo.rl.TrainConfig (e.g. "
                           f"klppo.rl.preset('klip/cartpole'); a mapping: "
                           f"klppo.rl.config.from_dict(...))")
+    from_dict(to_dict(cfg))  # every field of its annotated type (a config built in code too)
     check_ranges(cfg)  # the ranges in the fields' metadata
     bounds.check(cfg)
     _validate_choices(cfg)

@@ -20,8 +20,8 @@ from klppo.nn.numpy.weights import FlatWeights
 from klppo.nn.runners import make_runner
 from klppo.rl.envs import ObsNormalizer, RewardScaler
 
-__all__ = ["NonFiniteEnvError", "RolloutBuffer", "Collector", "EpisodeStats", "bootstrap",
-           "bootstrap_truncated"]
+__all__ = ["NonFiniteEnvError", "RolloutBuffer", "BUFFER_FIELDS", "stacked_of", "Collector",
+           "EpisodeStats", "bootstrap", "bootstrap_truncated"]
 
 
 def bootstrap(b: dict[str, np.ndarray], runner: Any, next_obs: np.ndarray,
@@ -54,8 +54,11 @@ class NonFiniteEnvError(RuntimeError):
 
 @dataclass
 class RolloutBuffer:
-    """``[T, N, ...]`` tensors of one rollout, allocated once. Each tensor shares memory with a
-    numpy array (``np_*``) that the collector writes step by step."""
+    """``[T, N, ...]`` tensors of one rollout, allocated once (``[R, T, N, ...]``: the rollouts
+    of a stack's R runs, the lock-step collection's). Each tensor shares memory with a numpy
+    array that the collector writes step by step; ``advantages`` and ``returns`` are GAE's,
+    written after the rollout (:func:`klppo.rl.engine.advantages.group_gae`). A run's buffer
+    in a stack is a row of the stack's (``stacked``: that buffer and the row)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -66,6 +69,9 @@ class RolloutBuffer:
     rewards: torch.Tensor
     terminated: torch.Tensor
     truncated: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    stacked: tuple[RolloutBuffer, int] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def allocate(cls, T: int, N: int, obs_dim: int, act_shape: tuple[int, ...], act_dtype,
@@ -82,11 +88,34 @@ class RolloutBuffer:
             rewards=z(T, N),
             terminated=z(T, N, dtype=np.bool_),
             truncated=z(T, N, dtype=np.bool_),
+            advantages=z(T, N),
+            returns=z(T, N),
         )
 
+    @classmethod
+    def of(cls, arrays: dict[str, np.ndarray],
+           stacked: tuple[RolloutBuffer, int] | None = None) -> RolloutBuffer:
+        """The buffer whose tensors share memory with ``arrays`` (one per field)."""
+        t = {k: torch.from_numpy(arrays[k]) for k in BUFFER_FIELDS}
+        return cls(t["obs"], t["actions"], t["logp"], t["params"], t["values"],
+                   t["next_values"], t["rewards"], t["terminated"], t["truncated"],
+                   t["advantages"], t["returns"], stacked)
+
     def numpy(self) -> dict[str, np.ndarray]:
-        """Zero-copy numpy views of every field."""
-        return {k: getattr(self, k).numpy() for k in self.__dataclass_fields__}
+        """Zero-copy numpy views of every array."""
+        return {k: getattr(self, k).numpy() for k in BUFFER_FIELDS}
+
+
+#: the arrays of a :class:`RolloutBuffer`
+BUFFER_FIELDS = tuple(k for k in RolloutBuffer.__dataclass_fields__ if k != "stacked")
+
+
+def stacked_of(bufs: list[RolloutBuffer]) -> RolloutBuffer | None:
+    """The stacked buffer every one of ``bufs`` is a row of, or None."""
+    first = bufs[0].stacked
+    if first is None or any(b.stacked is None or b.stacked[0] is not first[0] for b in bufs):
+        return None
+    return first[0]
 
 
 @dataclass
@@ -168,11 +197,12 @@ class Collector:
         bootstraps the rest for all its runs at once)."""
         bootstrap_truncated(self.np, self.runner, self.trunc_final, self.obs_norm)
 
-    def use_buffers(self, arrays: dict[str, np.ndarray]) -> None:
-        """Collect into ``arrays`` (one ``[T, N, ...]`` array per buffer field, e.g. this run's
-        row of a stacked buffer) from now on."""
+    def use_buffers(self, arrays: dict[str, np.ndarray],
+                    stacked: tuple[RolloutBuffer, int] | None = None) -> None:
+        """Collect into ``arrays`` (one ``[T, N, ...]`` array per buffer field) from now on:
+        row ``stacked[1]`` of the stacked buffer ``stacked[0]`` (its arrays' rows), if given."""
         self.np = arrays
-        self.buf = RolloutBuffer(**{k: torch.from_numpy(v) for k, v in arrays.items()})
+        self.buf = RolloutBuffer.of(arrays, stacked)
 
     def state_dict(self) -> dict[str, Any]:
         assert self.next_obs is not None  # (set by reset)

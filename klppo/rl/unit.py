@@ -204,18 +204,24 @@ class PolicyUnit:
                                    weight=None if p.mismatch_correction == "none" else w[:, 0])
 
     # ---------------------------------------------------------------- phases
-    def advantages(self, b: RolloutBuffer,
-                   adv_ret: tuple[torch.Tensor, torch.Tensor] | None = None) -> Batch:
-        """The rollout ``b`` as the update's batch, with its GAE advantages and returns
-        (``adv_ret``: computed with other runs' by :func:`klppo.rl.engine.advantages.group_gae`;
-        None: computed here)."""
+    def advantages(self, b: RolloutBuffer) -> Batch:
+        """The rollout ``b`` as the update's batch, its GAE advantages and returns computed
+        here, alone, into it (the engine computes a group's together:
+        :func:`klppo.rl.engine.advantages.group_gae`, then :meth:`batch`)."""
         p = self.cfg.ppo
-        adv, ret = adv_ret if adv_ret is not None else gae(
-            b.rewards, b.values, b.next_values, b.terminated, b.truncated, p.gamma,
-            p.gae_lambda)
+        adv, ret = gae(b.rewards, b.values, b.next_values, b.terminated, b.truncated, p.gamma,
+                       p.gae_lambda)
+        b.advantages.copy_(adv)
+        b.returns.copy_(ret)
+        return self.batch(b)
+
+    @staticmethod
+    def batch(b: RolloutBuffer) -> Batch:
+        """The rollout ``b``, its advantages and returns computed, as the update's batch: views
+        of it, ``[T * N, ...]``."""
         flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
         return Batch(flat(b.obs), flat(b.actions), flat(b.logp), flat(b.params), flat(b.values),
-                     flat(adv), flat(ret))
+                     flat(b.advantages), flat(b.returns))
 
     def report(self, batch: Batch, result: UpdateResult, kl_rollout: float,
                ctrl_updates: list[dict], iteration: int) -> dict[str, Any]:

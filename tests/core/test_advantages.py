@@ -161,24 +161,68 @@ def test_rollouts_side_by_side_equal_each_alone_bit_for_bit(grad):
     assert torch.equal(deeper[:, 0], adv)
 
 
-def test_a_bad_rollout_of_a_group_fails_alone():
-    """``group_gae``: a non-finite value in one run's rollout is that run's error, with its
-    own index; the other rollouts of its group get the advantages they get alone."""
+def _rollouts(stacked: bool, R: int = 3):
+    """R ``[8, 2]`` rollouts with random rewards and values: R buffers, or the rows of one
+    stacked buffer (the lock-step collection's layout)."""
     import numpy as np
 
-    from klppo.rl.config import PPOConfig
-    from klppo.rl.engine.advantages import group_gae
-    from klppo.rl.rollout import RolloutBuffer
+    from klppo.rl.rollout import BUFFER_FIELDS, RolloutBuffer
 
     gen = torch.Generator().manual_seed(1)
-    bufs = [RolloutBuffer.allocate(8, 2, 3, (), np.int64, 2) for _ in range(3)]
+    if stacked:
+        one = RolloutBuffer.allocate(8, 2, 3, (), np.int64, 2)
+        arrays = {k: torch.zeros((R, *getattr(one, k).shape), dtype=getattr(one, k).dtype)
+                  for k in BUFFER_FIELDS}
+        parent = RolloutBuffer(**arrays)
+        bufs = [RolloutBuffer(**{k: v[r] for k, v in arrays.items()}, stacked=(parent, r))
+                for r in range(R)]
+    else:
+        bufs = [RolloutBuffer.allocate(8, 2, 3, (), np.int64, 2) for _ in range(R)]
     for b in bufs:
         for f in ("rewards", "values", "next_values"):
             getattr(b, f).copy_(torch.randn(8, 2, generator=gen))
+        b.terminated.copy_(torch.rand(8, 2, generator=gen) < 0.2)
+        b.truncated.copy_(torch.rand(8, 2, generator=gen) < 0.1)
+    return bufs
+
+
+def _alone(b):
+    from klppo.rl.config import PPOConfig
+
+    return gae(b.rewards, b.values, b.next_values, b.terminated, b.truncated,
+               PPOConfig().gamma, PPOConfig().gae_lambda)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_a_group_writes_each_rollout_its_own_advantages(stacked):
+    """``group_gae`` writes into every buffer the advantages and returns it gets alone: a
+    group of separate buffers (stacked for the call), and the rows of one stacked buffer
+    (computed on it in place; the order of the rows in the group does not matter)."""
+    from klppo.rl.config import PPOConfig
+    from klppo.rl.engine.advantages import group_gae, whole
+
+    bufs = _rollouts(stacked)
+    order = [bufs[2], bufs[0], bufs[1]]
+    assert (whole(order) is not None) == stacked
+    assert whole(order[:2]) is None  # two rows of three: stacked for the call
+    assert group_gae([(PPOConfig(), b) for b in order]) == [None] * 3
+    for b in bufs:
+        adv, ret = _alone(b)
+        assert torch.equal(b.advantages, adv) and torch.equal(b.returns, ret)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_a_bad_rollout_of_a_group_fails_alone(stacked):
+    """``group_gae``: a non-finite value in one run's rollout is that run's error, with its
+    own index; the other rollouts of its group get the advantages they get alone."""
+    from klppo.rl.config import PPOConfig
+    from klppo.rl.engine.advantages import group_gae
+
+    bufs = _rollouts(stacked)
     bufs[1].values[5, 1] = float("nan")
     out = group_gae([(PPOConfig(), b) for b in bufs])
     assert isinstance(out[1], ValueError) and "[5, 1]" in str(out[1])
     for k in (0, 2):
-        alone = gae(bufs[k].rewards, bufs[k].values, bufs[k].next_values, bufs[k].terminated,
-                    bufs[k].truncated, PPOConfig().gamma, PPOConfig().gae_lambda)
-        assert torch.equal(out[k][0], alone[0]) and torch.equal(out[k][1], alone[1])
+        assert out[k] is None
+        adv, ret = _alone(bufs[k])
+        assert torch.equal(bufs[k].advantages, adv) and torch.equal(bufs[k].returns, ret)

@@ -171,3 +171,26 @@ def test_train_refuses_what_is_not_a_config():
     with pytest.raises(UserInputError) as e:
         rl.train({"env": "CartPole-v1"})  # a dict, not a TrainConfig
     assert "config" in one_line(e)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("ppo.norm_adv", "bogus", "ppo.norm_adv='bogus': must be one of 'rollout'"),
+    ("ppo.update_epochs", True, "ppo.update_epochs=True: must be an integer"),
+    ("seed", 1.5, "seed=1.5: must be an integer"),
+    ("rollout.norm_obs", "yes", "rollout.norm_obs='yes': must be true or false"),
+])
+def test_train_refuses_a_config_built_in_code_with_a_field_of_another_type(tmp_path, field,
+                                                                           value, words):
+    """A config built in Python is checked as one read from YAML: each field of its annotated
+    type (a choice among its values), in one line, before the run's directory is made."""
+    cfg = dataclasses.replace(rl.preset("klip/cartpole"), out=str(tmp_path / "run"),
+                              tensorboard=False)
+    part, _, name = field.rpartition(".")
+    if part:
+        setattr(cfg, part, dataclasses.replace(getattr(cfg, part), **{name: value}))
+    else:
+        cfg = dataclasses.replace(cfg, **{name: value})
+    with pytest.raises(UserInputError) as e:
+        rl.train(cfg)
+    assert words in one_line(e)
+    assert not (tmp_path / "run").exists()

@@ -155,7 +155,7 @@ def test_statistics_come_from_the_minibatch_normalised_advantage(tmp_path, monke
     ({"eps": 0.3}, "ppo.eps=0.3: ppo.band_controller=bapo sets both band edges"),
     ({"actuator": "clip"}, "kl.actuator='clip': ppo.band_controller=bapo already moves"),
     ({"bapo_low": (0.9, 0.6)}, "ppo.bapo_low=(0.9, 0.6): the start must not exceed the max"),
-    ({"bapo_high": (1.2, 3.0, 4.0)}, "ppo.bapo_high=(1.2, 3.0, 4.0): must be a pair"),
+    ({"bapo_high": (1.2, 3.0, 4.0)}, "ppo.bapo_high=(1.2, 3.0, 4.0): must be a list of 2"),
     ({"bapo_target": 0.0}, "ppo.bapo_target=0.0: must be in (0, 1]"),
     ({"bapo_step_low": 0.5}, "ppo.bapo_low=(0.6, 0.9): b- - a- must allow one step"),
     ({"band_controller": "none", "bapo_target": 0.5},

@@ -31,7 +31,7 @@ from klppo.rl.engine.records import TorchRecords
 from klppo.rl.engine.rows import Stack
 from klppo.rl.envpool_backend import EnvPoolGroup, EnvPoolSlice
 from klppo.rl.normalize import normalized, scaled
-from klppo.rl.rollout import Collector, EpisodeStats, NonFiniteEnvError
+from klppo.rl.rollout import Collector, EpisodeStats, NonFiniteEnvError, RolloutBuffer
 from klppo.rl.vecenv import SameStepVecEnv
 
 __all__ = ["collect_rows", "StackedRollout"]
@@ -93,8 +93,11 @@ class StackedRollout:
         self.stack, self.ids = stack, {r: id(c) for r, c in collectors.items()}
         R, self.T, self.N, d = stack.R, first.T, first.N, first.obs_dim
         self.B = {k: np.zeros((R, *a.shape), a.dtype) for k, a in first.np.items()}
+        #: the stack's rollout: every run's buffer is a row of it (its GAE and its update read
+        #: it whole: :func:`~.advantages.group_gae`, :class:`~.learn.Rollouts`)
+        self.buf = RolloutBuffer.of(self.B)
         for r, c in collectors.items():
-            c.use_buffers({k: b[r] for k, b in self.B.items()})
+            c.use_buffers({k: b[r] for k, b in self.B.items()}, (self.buf, r))
         self.box = first.box
         if self.box:
             self.low = _rows(R, {r: c.act_low for r, c in collectors.items()}, -np.inf,

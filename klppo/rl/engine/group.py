@@ -35,6 +35,7 @@ from klppo.rl.engine.advantages import group_gae
 from klppo.rl.engine.collect import collect_rows
 from klppo.rl.engine.learn import Rollouts, RunUpdate, policy_kls, update_rows
 from klppo.rl.envpool_backend import EnvPoolGroup
+from klppo.rl.rollout import stacked_of
 
 if TYPE_CHECKING:
     from klppo.rl.config import TrainConfig
@@ -202,14 +203,14 @@ class Group:
             except Exception as e:  # noqa: BLE001 - this run's rollout: it alone stops
                 errors[i] = e
         gaes = group_gae([(unit.cfg.ppo, buf) for _, _, unit, buf in rolls])
-        by_stack: dict[int, list[tuple[int, str, Any, RunUpdate]]] = defaultdict(list)
-        for (i, name, unit, buf), adv_ret in zip(rolls, gaes):
+        by_stack: dict[int, list[tuple[int, str, Any, Any, RunUpdate]]] = defaultdict(list)
+        for (i, name, unit, buf), err in zip(rolls, gaes):
             try:
-                if isinstance(adv_ret, Exception):  # its rollout's GAE failed
-                    raise adv_ret
+                if err is not None:  # its rollout's GAE failed
+                    raise err
                 if i not in errors:
-                    u = RunUpdate(unit.learner, unit.proximal(unit.advantages(buf, adv_ret)))
-                    by_stack[id(u.stack)].append((i, name, unit, u))
+                    u = RunUpdate(unit.learner, unit.proximal(unit.batch(buf)))
+                    by_stack[id(u.stack)].append((i, name, unit, buf, u))
             except Exception as e:  # noqa: BLE001 - this run's rollout: it alone stops
                 errors[i] = e
         reports: dict[int, dict[str, Any]] = defaultdict(dict)
@@ -217,11 +218,12 @@ class Group:
             entries = [e for e in entries if e[0] not in errors]
             if not entries:
                 continue
-            work, stack = self.work[key], entries[0][3].stack
+            work, stack = self.work[key], entries[0][4].stack
             updates = [u for *_, u in entries]
-            results = update_rows(stack, updates, work.rollouts, work.ws)
+            results = update_rows(stack, updates, work.rollouts, work.ws,
+                                  stacked_of([buf for *_, buf, _ in entries]))
             kls = policy_kls(stack, updates, work.rollouts, work.ws)
-            for (i, name, unit, u), res, kl in zip(entries, results, kls):
+            for (i, name, unit, _, u), res, kl in zip(entries, results, kls):
                 if i in errors:
                     continue
                 try:

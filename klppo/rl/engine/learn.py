@@ -23,6 +23,7 @@ from klppo.nn.numpy import mlp
 from klppo.nn.step import StepResult
 from klppo.rl.engine.rows import Minibatch, Stack
 from klppo.rl.engine.steplog import StepLog
+from klppo.rl.rollout import RolloutBuffer
 from klppo.rl.update import (
     NON_FINITE,
     STEP_OUTPUTS,
@@ -114,15 +115,20 @@ class RunUpdate:
 
 
 class Rollouts:
-    """The rollouts of a stack's updating rows stacked ``[R, B, ...]`` once per iteration
-    (rows not updating keep old numbers); at the start of each epoch, the rows' samples in the
-    order of their epoch's permutations, one gather per field (:meth:`permute`), so that a
-    minibatch of every row is a slice of them."""
+    """The rollouts of a stack's updating rows as ``[R, B, ...]`` arrays once per iteration
+    (rows not updating keep old numbers): the stack's stacked rollout itself, a field whose
+    every updating row is its row of it (the lock-step collection's buffer, its GAE written in
+    it: nothing to copy), else copied from the rows; at the start of each epoch, the rows'
+    samples in the order of their epoch's permutations, one gather per field
+    (:meth:`permute`), so that a minibatch of every row is a slice of them."""
 
-    FIELDS = ("obs", "actions", "params", "logp", "returns", "values")
+    FIELDS = ("obs", "actions", "params", "logp", "returns", "values", "adv")
+    #: a field of the update -> the stacked rollout's array of it
+    STACKED = {**{name: name for name in FIELDS}, "adv": "advantages"}
 
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
+        self._owned: set[str] = set()  # the fields whose arrays are copies (not the rollout's)
         self._rows: dict[tuple[int, ...], np.ndarray] = {}
         #: this epoch's rows (stack rows), their permutations ``[A, B]`` and their samples in
         #: permutation order, read-only
@@ -140,24 +146,49 @@ class Rollouts:
             rows.flags.writeable = False
         return rows
 
-    def fill(self, R: int, updates: list[RunUpdate]) -> None:
+    def fill(self, R: int, updates: list[RunUpdate], stacked: RolloutBuffer | None = None
+             ) -> None:
+        """The arrays of this iteration's ``updates``: ``stacked``'s (the stacked buffer their
+        rollouts are rows of, if any) where each row's field is its row, else copies."""
         weighted = any(u.batch.weight is not None for u in updates)
         self.arrays.pop("weight", None)
-        for name in (*self.FIELDS, "adv", *(("weight",) if weighted else ())):
-            for u in updates:
-                x = self._field(u, name)
-                a = self.arrays.get(name)
-                if a is None or a.shape[1:] != x.shape or a.dtype != x.dtype:
-                    a = self.arrays[name] = np.zeros((R, *x.shape), x.dtype)
-                a[u.row] = x
+        for name in (*self.FIELDS, *(("weight",) if weighted else ())):
+            xs = [self._field(u, name) for u in updates]
+            whole = self._rows_in(stacked, name, updates, xs)
+            if whole is not None:
+                self.arrays[name] = whole
+                self._owned.discard(name)
+                continue
+            a = self.arrays.get(name) if name in self._owned else None
+            x0 = xs[0]
+            if a is None or a.shape[1:] != tuple(x0.shape) or a.dtype != x0.numpy().dtype:
+                a = self.arrays[name] = np.zeros((R, *x0.shape), x0.numpy().dtype)
+                self._owned.add(name)
+            for u, x in zip(updates, xs):
+                a[u.row] = x.numpy()
+
+    @classmethod
+    def _rows_in(cls, stacked: RolloutBuffer | None, name: str, updates: list[RunUpdate],
+                 xs: list[torch.Tensor]) -> np.ndarray | None:
+        """``stacked``'s array of ``name`` as ``[R, B, ...]`` when each update's ``xs`` is its
+        row of it (the same memory: a view), else None."""
+        src = getattr(stacked, cls.STACKED.get(name, ""), None)
+        if src is None:
+            return None
+        for u, x in zip(updates, xs):
+            row = src[u.row]
+            if not (x.data_ptr() == row.data_ptr() and x.numel() == row.numel()
+                    and x.dtype == row.dtype and x.is_contiguous() and row.is_contiguous()):
+                return None
+        return src.numpy().reshape(src.shape[0], -1, *xs[0].shape[1:])
 
     @staticmethod
-    def _field(u: RunUpdate, name: str) -> np.ndarray:
+    def _field(u: RunUpdate, name: str) -> torch.Tensor:
         if name == "adv":
-            return u.adv.numpy()
+            return u.adv
         if name == "weight" and u.batch.weight is None:  # a row without weights: 1 (exact)
-            return np.ones(len(u.batch), np.float32)
-        return getattr(u.batch, name).numpy()
+            return torch.ones(len(u.batch))
+        return getattr(u.batch, name)
 
     def permute(self, active: list[RunUpdate]) -> None:
         """Gather the samples of the rows ``active`` in their epoch's order (``u.perm``): row
@@ -192,11 +223,13 @@ class Rollouts:
 
 
 def update_rows(stack: Stack, updates: list[RunUpdate], rollouts: Rollouts,
-                ws: mlp.Workspace) -> list[UpdateResult | BaseException]:
-    """Every update of one stack's rows (see the module docstring); per row its result, or the
-    error that stopped it (a non-finite loss). The rows share epochs, batch and minibatch sizes
-    (a stack's rows are grouped by them)."""
-    rollouts.fill(stack.R, updates)
+                ws: mlp.Workspace, stacked: RolloutBuffer | None = None
+                ) -> list[UpdateResult | BaseException]:
+    """Every update of one stack's rows (see the module docstring), from ``stacked`` where
+    their rollouts are its rows (:meth:`Rollouts.fill`); per row its result, or the error that
+    stopped it (a non-finite loss). The rows share epochs, batch and minibatch sizes (a
+    stack's rows are grouped by them)."""
+    rollouts.fill(stack.R, updates, stacked)
     cfg = updates[0].learner.cfg.ppo
     B, size = len(updates[0].batch), cfg.minibatch_size
     # a numpy stack of rows logs its steps stacked (its diagnostics read them) when every
