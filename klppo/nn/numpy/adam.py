@@ -93,6 +93,16 @@ class NumpyAdam:
         grad *= np.fmin(coef, 1.0).astype(np.float32)[:, None]
         return norms.tolist()
 
+    def _clip_one(self, g: np.ndarray, r: int) -> float:
+        """:meth:`_clip` of one row ``g`` (row ``r``'s gradient), without the stacked calls:
+        the same dot, float32 square root and factor, applied only where it is below 1 (where
+        :meth:`_clip` multiplies by 1, which changes no bit; a NaN norm's row as it is)."""
+        norm = float(np.sqrt(np.dot(g, g)))
+        coef = float(self.max_norm[r]) / (norm + 1e-6)
+        if coef < 1.0:
+            g *= np.float32(coef)
+        return norm
+
     def step(self, grad: np.ndarray, rows: np.ndarray | None = None,
              params: np.ndarray | None = None) -> list[float]:
         """Clip each row of ``grad`` and apply Adam to ``params`` (default: every row of
@@ -102,13 +112,14 @@ class NumpyAdam:
         idx = range(len(self.t)) if rows is None else [int(r) for r in rows]
         p = self.params if params is None else params
         m, v = (self.m, self.v) if whole else (self.m[idx], self.v[idx])
-        norms = self._clip(grad, list(idx))
         factors: tuple[Any, ...]
-        if len(idx) == 1:  # one row: float32 scalars (the columns' numbers, less overhead)
-            r = idx[0]
+        if len(idx) == 1:  # one row: its clip and float32 scalars (the stack's numbers, less
+            r = idx[0]     # overhead)
+            norms = [self._clip_one(grad[0], r)]
             self.t[r] += 1
             factors = _factors(float(self.lr[r]), int(self.t[r]), float(self.eps[r]))
         else:
+            norms = self._clip(grad, list(idx))
             self.t[list(idx)] += 1
             factors = _factor_columns(self.lr.tolist(), self.t.tolist(), self.eps.tolist(), idx)
         work = self._work.get(p.shape)

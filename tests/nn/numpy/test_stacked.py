@@ -120,7 +120,8 @@ def test_the_stacks_clip_takes_each_rows_own_dot_for_its_norm(P):
     """The stack clips all rows in one call: each row's norm must still be its own
     ``np.sqrt(np.dot(g, g))`` (another summation order rounds otherwise) and its factor
     clip_grad_norm_'s, applied only where it is below 1; magnitudes from subnormal squares to
-    an overflowing one, and a row holding a NaN (left as it is, as a row alone leaves it)."""
+    an overflowing one, and a row holding a NaN (left as it is, as a row alone leaves it); a
+    row alone (``_clip_one``) gets the same norm and row to the bit."""
     rng = np.random.default_rng(P)
     g = (rng.standard_normal((7, P)) * 10.0 ** rng.uniform(-20, 15, (7, 1))).astype(np.float32)
     g[6, 0] = np.nan
@@ -133,3 +134,7 @@ def test_the_stacks_clip_takes_each_rows_own_dot_for_its_norm(P):
         coef = max_norm[r] / (want[r] + 1e-6)
         assert np.array_equal(clipped[r], g[r] * np.float32(coef) if coef < 1.0 else g[r],
                               equal_nan=True)
+        one = g[r].copy()  # a row alone (a one-row stack's clip): the same norm and row
+        norm = adam._clip_one(one, r)
+        assert norm == want[r] or (np.isnan(norm) and np.isnan(want[r]))
+        assert one.tobytes() == clipped[r].tobytes()
