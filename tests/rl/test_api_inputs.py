@@ -194,3 +194,15 @@ def test_train_refuses_a_config_built_in_code_with_a_field_of_another_type(tmp_p
         rl.train(cfg)
     assert words in one_line(e)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("objective", ["nope", 3, ["clip"]])
+def test_train_refuses_an_objective_that_is_not_registered(tmp_path, objective):
+    """The objective's domain is the registry (a registered objective of one's own trains:
+    tests/nn/numpy/test_step.py); anything else is one line naming it."""
+    cfg = dataclasses.replace(rl.preset("klip/cartpole"), out=str(tmp_path / "run"),
+                              tensorboard=False, objective=objective)
+    with pytest.raises(UserInputError) as e:
+        rl.train(cfg)
+    assert f"objective={objective!r}: must be one of" in one_line(e)
+    assert not (tmp_path / "run").exists()
