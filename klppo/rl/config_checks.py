@@ -25,10 +25,9 @@ from klppo.rl.config import (
     KLMeasure,
     TrainConfig,
     WandbConfig,
-    from_dict,
     is_multiagent,
-    to_dict,
 )
+from klppo.runs.configfile import check_fields
 from klppo.runs.errors import ConfigError
 from klppo.runs.ranges import check_ranges
 from klppo.runs.typecheck import short_repr
@@ -46,9 +45,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"config={short_repr(cfg)}: must be a klppo.rl.TrainConfig (e.g. "
                           f"klppo.rl.preset('klip/cartpole'); a mapping: "
                           f"klppo.rl.config.from_dict(...))")
-    # every field of its annotated type (a config built in code too); the objective's domain
-    # is the registry (a contributor's registered objective too), checked below
-    from_dict({**to_dict(cfg), "objective": "clip"})
+    # every field of its annotated type (a config built in code too), as a config file's; the
+    # objective's domain is the registry (a contributor's registered objective too), checked
+    # below, and env_kwargs are the env's own, checked as plain data by bounds.check
+    check_fields(cfg, skip=("objective", "env_kwargs"))
     if not isinstance(cfg.objective, str) or cfg.objective not in OBJECTIVES:
         raise _bad("objective", cfg.objective, f"must be one of {sorted(OBJECTIVES)}")
     check_ranges(cfg)  # the ranges in the fields' metadata

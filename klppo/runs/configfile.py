@@ -28,7 +28,7 @@ from klppo.runs.errors import InputError
 from klppo.runs.typecheck import TypeCheckError, check_value, short_repr
 
 __all__ = ["MAX_YAML_NODES", "InputError", "InputFileError", "UnknownFieldError", "read_text",
-           "parse_yaml", "read_config_file", "overlay", "field_hints"]
+           "parse_yaml", "read_config_file", "overlay", "field_hints", "check_fields"]
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -233,6 +233,24 @@ def overlay(base: T, values: dict[str, Any], prefix: str = "") -> T:
         else:
             changes[name] = check_value(prefix + name, value, hints[name])
     return dataclasses.replace(base, **changes)
+
+
+def check_fields(cfg: Any, skip: tuple[str, ...] = (), prefix: str = "") -> None:
+    """Every field of the dataclass config ``cfg`` (and of the dataclasses it holds) of its
+    annotated type, as :func:`overlay` checks a config file's values (a config built in code):
+    :class:`TypeCheckError` naming the first field that is not, and its value. ``skip``: the
+    fields (dotted names) checked elsewhere."""
+    cls: type = type(cfg)
+    for name, ann in field_hints(cls).items():
+        value, dotted = getattr(cfg, name), prefix + name
+        if dotted in skip:
+            continue
+        if isinstance(ann, type) and dataclasses.is_dataclass(ann):
+            if not isinstance(value, ann):
+                raise TypeCheckError(f"{dotted}={short_repr(value)}: must be a {ann.__name__}")
+            check_fields(value, skip, dotted + ".")
+        else:
+            check_value(dotted, value, ann)
 
 
 def _known(name: str, known: list[str]) -> str:

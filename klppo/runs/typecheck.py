@@ -85,7 +85,7 @@ def _convert(value: Any, ann: Any) -> Any:
         key = args[0] if args else Any
         pairs = [(_convert(k, key), _convert(v, args[1] if args else Any))
                  for k, v in value.items()]
-        return _NO if any(_NO in p for p in pairs) else dict(pairs)
+        return _NO if any(k is _NO or v is _NO for k, v in pairs) else dict(pairs)
     if ann is bool:
         return value if isinstance(value, bool) else _NO
     if ann is int:

@@ -6,6 +6,7 @@ later; each size a file or a flag gives is bounded before anything is allocated.
 
 import dataclasses
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -178,6 +179,9 @@ def test_train_refuses_what_is_not_a_config():
     ("ppo.update_epochs", True, "ppo.update_epochs=True: must be an integer"),
     ("seed", 1.5, "seed=1.5: must be an integer"),
     ("rollout.norm_obs", "yes", "rollout.norm_obs='yes': must be true or false"),
+    ("net.hidden", np.array([64, 64]), "net.hidden=array([64, 64]): must be a list of"),
+    ("ppo", {"lr": 1e-3}, "ppo={'lr': 0.001}: must be a PPOConfig"),
+    ("env_kwargs", {"lock": threading.Lock()}, "env_kwargs.lock=<unlocked"),
 ])
 def test_train_refuses_a_config_built_in_code_with_a_field_of_another_type(tmp_path, field,
                                                                            value, words):

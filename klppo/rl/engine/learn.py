@@ -116,11 +116,12 @@ class RunUpdate:
 
 class Rollouts:
     """The rollouts of a stack's updating rows as ``[R, B, ...]`` arrays once per iteration
-    (rows not updating keep old numbers): the stack's stacked rollout itself, a field whose
-    every updating row is its row of it (the lock-step collection's buffer, its GAE written in
-    it: nothing to copy), else copied from the rows; at the start of each epoch, the rows'
-    samples in the order of their epoch's permutations, one gather per field
-    (:meth:`permute`), so that a minibatch of every row is a slice of them."""
+    (the rows not updating hold numbers nothing reads): per field, the stack's stacked rollout
+    itself when every updating row's is its row of it (the lock-step collection's buffer, its
+    GAE written in it: nothing to copy), else the rows' copied (every row's, when one run
+    changed the field for its update); at the start of each epoch, the rows' samples in the
+    order of their epoch's permutations, one gather per field (:meth:`permute`), so that a
+    minibatch of every row is a slice of them."""
 
     FIELDS = ("obs", "actions", "params", "logp", "returns", "values", "adv")
     #: a field of the update -> the stacked rollout's array of it
@@ -187,7 +188,7 @@ class Rollouts:
         if name == "adv":
             return u.adv
         if name == "weight" and u.batch.weight is None:  # a row without weights: 1 (exact)
-            return torch.ones(len(u.batch))
+            return torch.ones(len(u.batch), dtype=torch.float32)
         return getattr(u.batch, name)
 
     def permute(self, active: list[RunUpdate]) -> None:
