@@ -8,7 +8,7 @@ of a run-step no reorganisation of the engine removes while the numbers stay tho
 
 Usage:
     python benchmarks/profile_group.py [--preset klip/cartpole] [--runs 20] [--steps 51200]
-        [--cpu 0]
+        [--cpu 0] [--env-backend gymnasium|envpool]
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from typing import Any
 PARTS = [
     ("collection (all of it)", "engine/collect.py", "collect"),
     ("  env steps and their checks and bookkeeping", "engine/collect.py", "_step"),
+    ("    of it: EnvPool's own step (its C++ pool and the autoreset)", "rl/envpool_backend.py",
+     "same_step"),
     ("update (all of it)", "engine/learn.py", "update_rows"),
     ("  minibatch steps", "engine/numpy_stack.py", "step"),
     ("    MLP forwards (update and collection)", "numpy/mlp.py", "forward"),
@@ -47,8 +49,10 @@ def configs(args: argparse.Namespace, root: str) -> list:
 
     def cfg(seed: int):
         c = rl.preset(args.preset)
-        return dataclasses.replace(c, seed=seed, objective="clip", total_steps=args.steps,
-                                   tensorboard=False, out=os.path.join(root, f"run{seed}"))
+        c = dataclasses.replace(c, seed=seed, objective="clip", total_steps=args.steps,
+                                tensorboard=False, out=os.path.join(root, f"run{seed}"))
+        c.rollout = dataclasses.replace(c.rollout, env_backend=args.env_backend)
+        return c
     return [cfg(s) for s in range(args.runs)]
 
 
@@ -102,6 +106,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--steps", type=int, default=51200)
     ap.add_argument("--cpu", type=int, default=0)
+    ap.add_argument("--env-backend", default="gymnasium", choices=["gymnasium", "envpool"])
     args = ap.parse_args()
     os.sched_setaffinity(0, {args.cpu})
     logging.disable(logging.WARNING)
@@ -113,7 +118,8 @@ def main() -> None:
         loop = max(r.metrics[-1]["time_elapsed"] for r in rs)
         coll = sum(m["time_collect"] for m in rs[0].metrics) * args.runs
         upd = sum(m["time_update"] for m in rs[0].metrics) * args.runs
-        print(f"{args.preset}: {args.runs} runs x {args.steps} steps, one group, cpu {args.cpu}")
+        print(f"{args.preset} on {args.env_backend}: {args.runs} runs x {args.steps} steps, one "
+              f"group, cpu {args.cpu}")
         print(f"unprofiled, us per run-step: loop {loop / run_steps * 1e6:.1f} = collection "
               f"{coll / run_steps * 1e6:.1f} + update {upd / run_steps * 1e6:.1f} + the rest "
               f"{(loop - coll - upd) / run_steps * 1e6:.1f}")
