@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from klppo.core.advantages import gae
 from klppo.core.controllers import is_fixed_fallback, make_controller
 from klppo.core.kl import NOT_KL
 from klppo.core.loss import PPOLoss
@@ -204,21 +203,11 @@ class PolicyUnit:
                                    weight=None if p.mismatch_correction == "none" else w[:, 0])
 
     # ---------------------------------------------------------------- phases
-    def advantages(self, b: RolloutBuffer) -> Batch:
-        """The rollout ``b`` as the update's batch, its GAE advantages and returns computed
-        here, alone, into it (the engine computes a group's together:
-        :func:`klppo.rl.engine.advantages.group_gae`, then :meth:`batch`)."""
-        p = self.cfg.ppo
-        adv, ret = gae(b.rewards, b.values, b.next_values, b.terminated, b.truncated, p.gamma,
-                       p.gae_lambda)
-        b.advantages.copy_(adv)
-        b.returns.copy_(ret)
-        return self.batch(b)
-
     @staticmethod
     def batch(b: RolloutBuffer) -> Batch:
-        """The rollout ``b``, its advantages and returns computed, as the update's batch: views
-        of it, ``[T * N, ...]``."""
+        """The rollout ``b``, its advantages and returns computed
+        (:func:`klppo.rl.engine.advantages.group_gae`), as the update's batch: views of it,
+        ``[T * N, ...]``."""
         flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
         return Batch(flat(b.obs), flat(b.actions), flat(b.logp), flat(b.params), flat(b.values),
                      flat(b.advantages), flat(b.returns))

@@ -17,6 +17,7 @@ from klppo.rl.engine.rundirs import train_batched
 from klppo.rl.trainer import _Trainer
 from klppo.runs.checkpoint import load_checkpoint, save_checkpoint
 from tests.rl.test_engine import assert_engines_agree, config, strip
+from tests.rl.update_helpers import rollout_batch
 
 
 def stale(out, k=2, correction="tis", **over):
@@ -63,7 +64,7 @@ def test_the_policy_k_updates_back_collects_and_the_proximal_policy_is_the_updat
         critic = tr.agent.value(torch.from_numpy(obs)).numpy()
     np.testing.assert_allclose(buf.values.numpy().reshape(-1), critic, atol=2e-5)
 
-    batch = tr.unit.proximal(tr.unit.advantages(buf))
+    batch = tr.unit.proximal(rollout_batch(tr.unit, buf))
     prox = _logp_under(slot, snaps[3], obs, actions)
     np.testing.assert_array_equal(batch.logp.numpy(), prox)
     # the distribution parameters too (the analytic KL is taken against them): the current
@@ -98,7 +99,7 @@ def test_each_correction_weighs_the_update_as_the_core_says(tmp_path, correction
     for _ in range(2):
         tr.group.iterate([0])
     tr.collect_rollout(3)
-    batch = tr.unit.proximal(tr.unit.advantages(tr.collector.buf))
+    batch = tr.unit.proximal(rollout_batch(tr.unit, tr.collector.buf))
     log_ratio = (batch.logp - tr.collector.buf.logp.reshape(-1))[:, None]
     want = mismatch_weights(log_ratio, torch.ones_like(log_ratio, dtype=torch.bool), correction)
     assert torch.equal(batch.weight, want[:, 0])
@@ -223,7 +224,7 @@ def test_topr_trains_each_step_its_own_sequence_with_its_ratio_to_the_behaviour(
         assert not isinstance(res, BaseException), res
     tr.collect_rollout(3)
     buf = tr.collector.buf
-    batch = tr.unit.proximal(tr.unit.advantages(buf))
+    batch = tr.unit.proximal(rollout_batch(tr.unit, buf))
     assert torch.equal(batch.logp, buf.logp.reshape(-1)) and batch.weight is None
     assert tr.unit.mismatch["mismatch_kl_k3"] > 0
     tr.close()

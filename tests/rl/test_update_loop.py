@@ -14,7 +14,7 @@ from klppo.rl.engine.numpy_stack import NumpyStack
 from klppo.rl.engine.torch_stack import TorchStack
 from klppo.rl.trainer import _Trainer
 from klppo.rl.update import Learner, make_loss
-from tests.rl.update_helpers import update_one
+from tests.rl.update_helpers import rollout_batch, update_one
 
 NumpyStep, TorchStep = "numpy", "torch"
 
@@ -61,7 +61,7 @@ def test_fast_and_torch_backends_agree_on_every_cadence_and_early_stop(tmp_path,
     tr = _Trainer.alone(dataclasses.replace(cfg, fast_path=False), tmp_path)
     tr.collector.reset(cfg.seed)
     tr.collect_rollout(1)
-    batch = tr.unit.advantages(tr.collector.buf)
+    batch = rollout_batch(tr.unit, tr.collector.buf)
     tr.env.close()
     results = {}
     for name, cls in (("torch", TorchStep), ("numpy", NumpyStep)):
@@ -93,7 +93,7 @@ def test_checkpoint_optimiser_state_is_the_same_format_for_both_backends(tmp_pat
     tr = _Trainer.alone(dataclasses.replace(cfg, fast_path=False), tmp_path)
     tr.collector.reset(cfg.seed)
     tr.collect_rollout(1)
-    batch = tr.unit.advantages(tr.collector.buf)
+    batch = rollout_batch(tr.unit, tr.collector.buf)
     tr.env.close()
     a = learner(cfg, copy.deepcopy(tr.agent), TorchStep)
     update_one(a, batch)
