@@ -207,8 +207,8 @@ RUN_HORIZON_MAX_STEP = 0.5
 def run_horizon(updates: int, samples_per_update: int, clip: float = 0.2) -> float:
     """A :class:`ProportionalKL` horizon derived from a run's length and batch.
 
-    Ziegler's horizon is in samples (trlx: 10000 with 512-sample updates: beta moves 0.4% per
-    update at most), sized for runs of thousands of updates. A run of ``updates`` updates of
+    Ziegler's horizon is in samples (Ziegler et al.'s code: 10000 with 512-sample rollouts, beta
+    moves 1% per update at most), sized for runs of thousands of updates. A run of ``updates`` updates of
     ``samples_per_update`` samples gets the horizon ``H`` under which ``RUN_HORIZON_FRACTION`` of
     its updates at full error (``clip``) move beta by a factor ``e^RUN_HORIZON_LOG_RANGE``:
     ``(1 + clip * n / H) ^ (f * U) = e^L``, so ``n / H = (e^(L / (f U)) - 1) / clip``, capped at

@@ -84,8 +84,8 @@ class RLHFConfig:
     variance)"""
     kl_unit: KLUnitLM = "per_sequence_sum"
     """unit of the KL fed to the controller and of the target: per_sequence_sum (nats per
-    sequence), per_token_mean (nats per response token), per_token_mean_all (trlx's per-token
-    mean over every position, padding included)"""
+    sequence), per_token_mean (nats per response token), per_token_mean_all (the mean over every
+    position, padding included, whose square root trlx logs as policy/kl_per_token)"""
     controller: Annotated[ControllerName, _flag("kl.controller", "controller")] = "proportional"
     """fixed, step, proportional, exponential or pid"""
     beta: Annotated[float, _flag("kl.beta", "beta")] = field(
