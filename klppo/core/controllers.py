@@ -208,9 +208,10 @@ def run_horizon(updates: int, samples_per_update: int, clip: float = 0.2) -> flo
     """A :class:`ProportionalKL` horizon derived from a run's length and batch.
 
     Ziegler's horizon is in samples (Ziegler et al.'s code: 10000 with 512-sample rollouts, beta
-    moves 1% per update at most), sized for runs of thousands of updates. A run of ``updates`` updates of
-    ``samples_per_update`` samples gets the horizon ``H`` under which ``RUN_HORIZON_FRACTION`` of
-    its updates at full error (``clip``) move beta by a factor ``e^RUN_HORIZON_LOG_RANGE``:
+    moves 1% per update at most), sized for runs of thousands of updates. A run of ``updates``
+    updates of ``samples_per_update`` samples gets the horizon ``H`` under which
+    ``RUN_HORIZON_FRACTION`` of its updates at full error (``clip``) move beta by a factor
+    ``e^RUN_HORIZON_LOG_RANGE``:
     ``(1 + clip * n / H) ^ (f * U) = e^L``, so ``n / H = (e^(L / (f U)) - 1) / clip``, capped at
     ``RUN_HORIZON_MAX_STEP / clip`` (beta moves by at most 1.5x, or 0.5x, per update)."""
     u, n = int(updates), int(samples_per_update)

@@ -69,7 +69,8 @@ KL_UNITS = {"per_sequence_sum": "nats per sequence", "per_token_mean": "nats per
 
 def measure_kl(kl: torch.Tensor, mask: torch.Tensor, unit: str) -> float:
     """The controller's KL in ``unit``: per-sequence sum (mean over sequences), per-token mean
-    over response tokens, or the mean over every position (padding counts as 0; trlx logs its square root)."""
+    over response tokens, or the mean over every position (padding counts as 0; trlx logs its
+    square root)."""
     if unit == "per_sequence_sum":
         return float(per_sequence_sum(kl, mask).mean())
     if unit == "per_token_mean_all":

@@ -75,6 +75,17 @@ class RunTrainer:
             raise m
         return m
 
+    def collect_rollout(self, iteration: int) -> Any:
+        """One rollout of this run alone through its group's collection (what an iteration
+        collects; for tests and notebooks): what the group's collection gives the run (a
+        single-agent run its episodes; a multi-agent run per policy its agent-episodes' returns,
+        and the lengths of the episodes that ended)."""
+        out = self.group.collect({self.group_index: self}, {self.group_index: iteration})
+        res = out[self.group_index]
+        if isinstance(res, BaseException):
+            raise res
+        return res
+
     def check(self, metrics: dict[str, Any]) -> list[str]:
         return self.monitor.check(metrics)
 

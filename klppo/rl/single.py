@@ -110,15 +110,6 @@ class SingleTrainer(RunTrainer):
         """Set iteration ``it``'s learning rate; return it."""
         return self.unit.start_iteration(it)
 
-    def collect_rollout(self, iteration: int) -> Any:
-        """One rollout of this run alone through its group's lock-step collection (what an
-        iteration collects; for tests and notebooks): its episodes."""
-        out = self.group.collect({self.group_index: self}, {self.group_index: iteration})
-        res = out[self.group_index]
-        if isinstance(res, BaseException):
-            raise res
-        return res
-
     @property
     def policy_units(self) -> list[PolicyUnit]:
         """The run's policies (one)."""

@@ -35,7 +35,7 @@ from klppo.nn.numpy.closed_form import loss_grads
 from klppo.nn.numpy.heads import Categorical, Gaussian
 from klppo.nn.step import StepResult
 from klppo.rl.config import PPOConfig
-from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot, loss_families
+from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot, loss_families, seat_row
 from klppo.rl.engine.steplog import StepLog
 
 __all__ = ["NumpyStack", "NumpySlot"]
@@ -85,21 +85,13 @@ class NumpyStack:
         if why is not None:
             raise FastPathUnsupported(f"the numpy fast path cannot run this: {why}")
         total = sum(p.numel() for p in agent.parameters())
-        first = not hasattr(self, "W")
-        if first:
+        if not hasattr(self, "W"):  # the first row to join
             self.W = np.zeros((self.R, total), np.float32)
             self.G = np.zeros_like(self.W)
             self.adam = NumpyAdam(self.W, np.full(self.R, ppo.lr), np.full(self.R, ppo.adam_eps),
                                   np.full(self.R, ppo.max_grad_norm))
         weights = flat_weights(agent, self.W[row])
-        layout = Layout(agent, weights.span)
-        if first:
-            self.layout = layout
-        elif not layout.same(self.layout):
-            raise ValueError(f"a stack holds networks of one shape: {layout.shapes} against "
-                             f"{self.layout.shapes}")
-        a = self.adam
-        a.lr[row], a.eps[row], a.max_norm[row] = ppo.lr, ppo.adam_eps, ppo.max_grad_norm
+        seat_row(self, row, Layout(agent, weights.span), ppo)
         slot = self.slots[row] = NumpySlot(self, row, agent, loss, weights)
         return slot
 

@@ -100,6 +100,18 @@ class Layout:
         return spans + ([self.log_std] if self.log_std is not None else [])
 
 
+def seat_row(stack: Any, row: int, layout: Layout, ppo: PPOConfig) -> None:
+    """Row ``row`` joins ``stack``: the first row's ``layout`` becomes the stack's, a later one
+    of another shape is refused; the row's Adam takes its run's lr, eps and gradient clip."""
+    if not hasattr(stack, "layout"):
+        stack.layout = layout
+    elif not layout.same(stack.layout):
+        raise ValueError(f"a stack holds networks of one shape: {layout.shapes} against "
+                         f"{stack.layout.shapes}")
+    a = stack.adam
+    a.lr[row], a.eps[row], a.max_norm[row] = ppo.lr, ppo.adam_eps, ppo.max_grad_norm
+
+
 class RowSlot:
     """One policy's side of its stack (see the module docstring). The stack steps all its rows
     at once, so this backend has no ``step`` of its own; ``begin`` keeps the rollout the

@@ -32,7 +32,7 @@ from klppo.core.loss import PER_SAMPLE, PPOLoss
 from klppo.nn.actor_critic import ActorCritic
 from klppo.nn.step import StepResult
 from klppo.rl.config import PPOConfig
-from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot, loss_families
+from klppo.rl.engine.rows import TERMS, Layout, Minibatch, RowSlot, loss_families, seat_row
 from klppo.rl.optim import TorchAdam
 from klppo.runs.device import resolve_device
 
@@ -145,8 +145,7 @@ class TorchStack:
     def _join(self, row: int, agent: ActorCritic, loss: PPOLoss, ppo: PPOConfig) -> TorchSlot:
         params = list(agent.parameters())
         total = sum(p.numel() for p in params)
-        first = not hasattr(self, "W")
-        if first:
+        if not hasattr(self, "W"):  # the first row to join
             self.W = torch.zeros(self.R, total, dtype=torch.float32, device=self.device)
             self.adam = TorchAdam(self.W)
         spans, at = {}, 0
@@ -156,14 +155,7 @@ class TorchStack:
             p.data = self.W[row, at:at + n].view(p.shape)
             spans[id(p)] = (at, at + n)
             at += n
-        layout = Layout(agent, lambda p: spans[id(p)])
-        if first:
-            self.layout = layout
-        elif not layout.same(self.layout):
-            raise ValueError(f"a stack holds networks of one shape: {layout.shapes} against "
-                             f"{self.layout.shapes}")
-        a = self.adam
-        a.lr[row], a.eps[row], a.max_norm[row] = ppo.lr, ppo.adam_eps, ppo.max_grad_norm
+        seat_row(self, row, Layout(agent, lambda p: spans[id(p)]), ppo)
         slot = self.slots[row] = TorchSlot(self, row, agent, loss)
         return slot
 

@@ -68,16 +68,6 @@ class MultiTrainer(RunTrainer):
         Group([tr])
         return tr
 
-    def collect_rollout(self, iteration: int) -> tuple[dict[str, Any], list[int]]:
-        """One rollout of every policy through its group (what an iteration collects; for
-        tests): per policy its agent-episodes' returns, and the lengths of the episodes that
-        ended."""
-        out = self.group.collect({self.group_index: self}, {self.group_index: iteration})
-        res = out[self.group_index]
-        if isinstance(res, BaseException):
-            raise res
-        return res
-
     @property
     def policies(self) -> list[str]:
         return list(self.units)
