@@ -62,8 +62,14 @@ def _rlhf_config(preset: str | None, config: str | None, rest: list[str]):
             base = config_from_dict(read_config_file(config, "config"), base)
         except ConfigError as e:
             raise ConfigError(f"{e} (in {config})") from None
-    return parse_config_flags(RLHFConfig, rest, "klppo rlhf", default=base,
-                              description=RLHF_USAGE)
+    cfg = parse_config_flags(RLHFConfig, rest, "klppo rlhf", default=base,
+                             description=RLHF_USAGE)
+    from klppo.runs.rundir import inside_owned
+
+    reason = inside_owned(cfg.out) if cfg.out else None
+    if reason is not None:
+        raise ConfigError(reason)
+    return cfg
 
 
 def _pre_parser() -> OneLineParser:

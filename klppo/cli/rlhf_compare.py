@@ -86,7 +86,8 @@ def _compare_configs(a: argparse.Namespace) -> dict:
     import math
 
     from klppo.core.controllers import CONTROLLERS
-    from klppo.experiments.rlhf_compare import arms
+    from klppo.experiments.rlhf_compare import ARMS_PER_SEED, arms
+    from klppo.experiments.sweep_spec import MAX_RUNS
     from klppo.lm.config import RLHFConfig
     from klppo.lm.config_checks import config_from_dict
     from klppo.lm.model import check_model_dir
@@ -98,6 +99,10 @@ def _compare_configs(a: argparse.Namespace) -> dict:
             raise FlagError(f"{flag}={v!r}: must be finite and >= 0")
     if not 1 <= a.workers <= MAX_WORKERS:
         raise FlagError(f"--workers={a.workers!r}: must be an integer in [1, {MAX_WORKERS:,}]")
+    if len(a.seeds) * ARMS_PER_SEED > MAX_RUNS:
+        raise FlagError(f"--seeds: {len(a.seeds):,} seeds make {len(a.seeds) * ARMS_PER_SEED:,} "
+                        f"arms; at most {MAX_RUNS:,} (as in klppo sweep): at most "
+                        f"{MAX_RUNS // ARMS_PER_SEED:,} seeds")
     if len(set(a.seeds)) != len(a.seeds):
         raise FlagError(f"--seeds={a.seeds!r}: must be distinct")
     preset = getattr(a, "preset", None)  # (flags not given are absent: defaults are the base's)
@@ -124,12 +129,15 @@ def _check_out(out: str, configs: dict) -> None:
     import yaml
 
     from klppo.experiments.rlhf_worker import PENDING
-    from klppo.runs.owned import kind_of
+    from klppo.runs.owned import kind_of, owned_reason
     from klppo.runs.rundir import read_yaml
 
     held = kind_of(Path(out).resolve())
     if held is not None:
         raise FlagError(f"--out={out!r}: holds a {held}, not a comparison; choose another --out")
+    reason = owned_reason(out, (), "--out")
+    if reason is not None:
+        raise FlagError(reason)
     for name, cfg in configs.items():
         pending = Path(out) / "runs" / name / PENDING
         if not pending.is_file():

@@ -163,8 +163,13 @@ def parse_train(argv: list[str]):
         base = C.from_dict({"env_kwargs": _mapping(known.env_kwargs)}, base)
     cfg = parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE)  # --help exits
     from klppo.rl.config_checks import validate
+    from klppo.runs.rundir import inside_owned
 
-    return validate(cfg)
+    cfg = validate(cfg)
+    reason = inside_owned(cfg.out) if cfg.out else None
+    if reason is not None:
+        raise C.ConfigError(reason)
+    return cfg
 
 
 def _mapping(text: str) -> dict:

@@ -19,7 +19,11 @@ from klppo.lm.config import ConfigError, RLHFConfig
 from klppo.lm.config_checks import validate_rlhf
 from klppo.runs import rundir as R
 
-__all__ = ["arms", "run_compare"]
+__all__ = ["ARMS_PER_SEED", "arms", "run_compare"]
+
+
+#: arms per seed: a fixed and an adaptive beta, each from the strong and from the weak beta
+ARMS_PER_SEED = 4
 
 
 def arms(base: RLHFConfig, strong_beta: float, weak_beta: float, adaptive: str,

@@ -1,22 +1,21 @@
 """One RLHF arm of ``klppo rlhf compare``, described by ``RUN_DIR/pending.yaml`` (run by the
 experiments' worker process, :mod:`klppo.experiments.worker`).
 
-An arm that started before with the same config continues from its last checkpoint; an arm
-whose config changed, or that cannot be resumed exactly, starts again from scratch.
+An arm that started before with the same config continues from its last checkpoint; one that
+cannot be resumed exactly fails with the reason (its files kept, as ``klppo rlhf --resume``
+keeps them); an arm whose config changed starts again from scratch (``klppo rlhf compare``
+refuses an ``--out`` whose arms started with other settings before any of this).
 """
 
 from __future__ import annotations
 
-import logging
 import shutil
 from pathlib import Path
 
 from klppo.lm.config_checks import config_from_dict
-from klppo.lm.rlhf import ResumeError, resume_rlhf, rlhf
+from klppo.lm.rlhf import resume_rlhf, rlhf
 from klppo.runs.configfile import InputError, read_config_file
 from klppo.runs.rundir import DirLock
-
-log = logging.getLogger(__name__)
 
 __all__ = ["PENDING", "run_arm"]
 
@@ -45,10 +44,7 @@ def run_arm(run_dir: Path) -> None:
     """Run the arm, or continue it exactly when it started before with the same config."""
     pending = read_config_file(run_dir / PENDING, "pending")
     if _started_with(run_dir, pending):
-        try:
-            resume_rlhf(run_dir)
-            return
-        except ResumeError as e:
-            log.warning("%s; starting the arm again", e)
+        resume_rlhf(run_dir)  # a ResumeError fails the arm, its reason in status.json
+        return
     _clear(run_dir)
-    rlhf(config_from_dict(pending))
+    rlhf(config_from_dict(pending), keep=(PENDING, "worker.log"))

@@ -8,14 +8,16 @@ it, and any local causal LM a user has on disk can take its place.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["train_tokenizer", "small_gpt2", "check_model_dir", "load_lm", "PolicyWithValue",
-           "frozen_reference"]
+__all__ = ["train_tokenizer", "small_gpt2", "check_model_dir", "load_lm", "fingerprint",
+           "PolicyWithValue", "frozen_reference"]
 
 
 def train_tokenizer(text: str, vocab_size: int = 2048):
@@ -142,6 +144,18 @@ def load_lm(path: str | Path):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model, tok
+
+
+def fingerprint(lm: nn.Module, tok: Any) -> str:
+    """sha256 of a causal LM's weights (each tensor's name, dtype, shape and bytes, in
+    state-dict order) and of its tokenizer's vocabulary: a resumed ``klppo rlhf`` run checks
+    that its ``--model`` is still the one it started from (its reference is read from it)."""
+    h = hashlib.sha256()
+    for name, t in lm.state_dict().items():
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+    h.update(json.dumps(sorted(tok.get_vocab().items())).encode())
+    return h.hexdigest()
 
 
 class PolicyWithValue(nn.Module):

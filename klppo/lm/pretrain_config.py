@@ -65,6 +65,8 @@ def validate_pretrain(cfg: PretrainConfig) -> PretrainConfig:
     check_pretrain(cfg)
     if cfg.n_embd % cfg.n_head:
         raise ConfigError(f"n_embd={cfg.n_embd!r}: must be a multiple of n_head={cfg.n_head}")
+    if not cfg.out.strip():
+        raise ConfigError(f"out={cfg.out!r}: names no path")
     from klppo.runs.owned import owned_reason
 
     reason = owned_reason(cfg.out, OUTPUTS, "out")
@@ -77,4 +79,20 @@ def validate_pretrain(cfg: PretrainConfig) -> PretrainConfig:
         resolve_device(cfg.device)
     except (OSError, ValueError) as e:
         raise ConfigError(str(e)) from None
+    _check_empty(cfg.out)
     return cfg
+
+
+def _check_empty(out: str) -> None:
+    """A pretrained model is never replaced (a run may read it as its ``--model``, and its
+    resume checks the model is the one it started from): ``out`` must be new or empty."""
+    from pathlib import Path
+
+    from klppo.lm.config import ConfigError
+
+    p = Path(out)
+    names = sorted(c.name for c in p.iterdir()) if p.is_dir() else []
+    if names:
+        raise ConfigError(f"out={out!r}: is not empty ({len(names)} entries, e.g. "
+                          f"{names[0][:60]!r}); a pretrained model is never replaced: choose a "
+                          f"new or empty directory (or delete this one first)")

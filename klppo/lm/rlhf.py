@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from klppo.lm.config import ConfigError, RLHFConfig
 from klppo.lm.config_checks import config_from_dict, validate_rlhf
 from klppo.lm.experiment import STATE_KEYS, TIMING_KEYS, Experiment
+from klppo.lm.model import fingerprint
 from klppo.lm.reward import RewardFn
 from klppo.lm.scoring import distinct_n, per_token_kl, score_sequences, token_rewards
 from klppo.runs import metrics as M
@@ -59,12 +61,13 @@ class RLHFResult:
 
 
 def rlhf(cfg: RLHFConfig, reward: RewardFn | None = None,
-         on_iteration: OnIteration = None) -> RLHFResult:
+         on_iteration: OnIteration = None, keep: tuple[str, ...] = ()) -> RLHFResult:
     """Run the experiment into a new run directory; return its per-iteration metrics.
 
     Bad input raises ``ConfigError`` (naming the field and the value) before any directory
     exists; a directory in use by another process raises ``DirBusyError``; a failure during the
-    run raises :class:`RLHFError`.
+    run raises :class:`RLHFError`. ``out`` must be new or empty, but for the names in ``keep``
+    (files of the run's own made before it: a comparison arm's ``pending.yaml``).
     """
     validate_rlhf(cfg)
     out = Path(cfg.out or Path("runs/rlhf") / R.default_run_name(
@@ -73,7 +76,7 @@ def rlhf(cfg: RLHFConfig, reward: RewardFn | None = None,
         check_writable(out)
     except OSError as e:
         raise ConfigError(str(e)) from None
-    _refuse_existing_run(out)
+    _refuse_existing_run(out, keep)
     with compute_threads(cfg.torch_threads) as threads:
         exp = Experiment(cfg, reward)  # loads and checks the model, reward, corpus
         try:
@@ -82,16 +85,20 @@ def rlhf(cfg: RLHFConfig, reward: RewardFn | None = None,
             raise ConfigError(f"out={str(out)!r}: cannot be made ({e.strerror or e})") from None
         lock = R.DirLock(out).acquire()
         try:
-            _refuse_existing_run(out)  # another process may have started one meanwhile
+            _refuse_existing_run(out, keep)  # another process may have started one meanwhile
             R.write_yaml(out / "config.yaml", {"kind": "rlhf", **dataclasses.asdict(cfg)})
-            R.write_metadata(out, {"kind": "rlhf", "threads": threads})
+            R.write_metadata(out, {"kind": "rlhf", "threads": threads,
+                                   "model_sha256": fingerprint(exp.ref, exp.tok)})
         except BaseException:
             lock.release()
             raise
         return _run(exp, out, lock, on_iteration)
 
 
-def _refuse_existing_run(out: Path) -> None:
+def _refuse_existing_run(out: Path, keep: tuple[str, ...]) -> None:
+    """``out`` must be new or empty (as ``klppo train``'s:
+    :func:`klppo.runs.rundir.check_reusable`); a run there, even one killed before its first
+    metrics, continues with ``--resume``; anything else there is not ours."""
     if (out / "metrics.jsonl").exists() or (out / CHECKPOINT).exists():
         try:
             _rlhf_config_dict(out)
@@ -100,6 +107,10 @@ def _refuse_existing_run(out: Path) -> None:
                               f"rlhf` run; choose another --out") from None
         raise ConfigError(f"out={str(out)!r}: already holds a run; continue it with "
                           f"`klppo rlhf --resume {out}` or choose another --out")
+    try:
+        R.check_reusable(out, keep)
+    except FileExistsError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _run(exp: Experiment, run_dir: Path, lock: R.DirLock, on_iteration: OnIteration,
@@ -114,7 +125,9 @@ def _run(exp: Experiment, run_dir: Path, lock: R.DirLock, on_iteration: OnIterat
 
 
 def _one_line(e: BaseException) -> str:
-    return " ".join(x.strip() for x in str(e).splitlines() if x.strip())[:500]
+    """The error's message on one line (its type's name when it has none: a MemoryError)."""
+    return " ".join(x.strip() for x in str(e).splitlines() if x.strip())[:500] or \
+        type(e).__name__
 
 
 # ------------------------------------------------------------------------------------ resume
@@ -208,7 +221,7 @@ def _check_config(run_dir: Path, cfg: RLHFConfig, saved: Any) -> None:
 def _restore(run_dir: Path, reward: RewardFn | None) -> Experiment | None:
     cfg = read_run_config(run_dir)
     state = read_checkpoint(run_dir / CHECKPOINT)
-    it = int(state["iteration"]) if state else 0
+    it = _checkpoint_iteration(run_dir, state, cfg)
     check_metrics(run_dir, it)
     if it >= cfg.iterations:
         M.truncate_metrics(run_dir / "metrics.jsonl", it)
@@ -217,6 +230,7 @@ def _restore(run_dir: Path, reward: RewardFn | None) -> Experiment | None:
     if state is not None:
         _check_config(run_dir, cfg, state.get("config"))
     exp = Experiment(cfg, reward)
+    _check_model(run_dir, cfg, exp)
     if state is not None:
         try:
             exp.load_state_dict(state)
@@ -224,3 +238,33 @@ def _restore(run_dir: Path, reward: RewardFn | None) -> Experiment | None:
             raise ResumeError(f"checkpoint={str(run_dir / CHECKPOINT)!r}: does not fit this "
                               f"run's model ({type(e).__name__}: {_one_line(e)[:200]})") from None
     return exp
+
+
+def _checkpoint_iteration(run_dir: Path, state: dict[str, Any] | None, cfg: RLHFConfig) -> int:
+    """The checkpoint's iteration: an integer from 0 to the run's ``iterations`` (0 without a
+    checkpoint); anything else is refused in one line before anything is allocated."""
+    if state is None:
+        return 0
+    it = state["iteration"]
+    if isinstance(it, bool) or not isinstance(it, int) or not 0 <= it <= cfg.iterations:
+        raise ResumeError(f"checkpoint={str(run_dir / CHECKPOINT)!r}: iteration={it!r} must be "
+                          f"an integer from 0 to the run's iterations ({cfg.iterations}); delete "
+                          f"it to restart the run from scratch")
+    return it
+
+
+def _check_model(run_dir: Path, cfg: RLHFConfig, exp: Experiment) -> None:
+    """The run's ``model`` (its reference, read from it again) must be the model the run
+    started from: the fingerprint in ``metadata.json`` (runs started before klppo kept one
+    are not checked)."""
+    try:
+        saved = json.loads((run_dir / "metadata.json").read_text()).get("model_sha256")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        saved = None
+    if not isinstance(saved, str):
+        return
+    now = fingerprint(exp.ref, exp.tok)
+    if now != saved:
+        raise ResumeError(f"model={cfg.model!r}: is not the model this run started from (its "
+                          f"weights or tokenizer changed: sha256 {now[:12]}..., "
+                          f"{saved[:12]}... in metadata.json); resume it with that model")

@@ -13,6 +13,7 @@ import io
 import math
 import pickle
 import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,10 @@ def load_data(path: Path, remedy: str) -> Any:
     :class:`CheckpointError` naming ``path`` when it is unreadable or names any other global
     (``remedy`` says what the user can do)."""
     try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
+        # torch warns (stderr, with a source line) on a file of the legacy pickle format: the
+        # refusal below says what matters, in one line
+        with torch.serialization.safe_globals(SAFE_GLOBALS), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*pickle protocol", category=UserWarning)
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"GLOBAL ([\w.]+)|got <\w+ '?([\w.]+)", str(e))

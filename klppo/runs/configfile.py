@@ -223,6 +223,10 @@ def overlay(base: T, values: dict[str, Any], prefix: str = "") -> T:
         if name not in hints:
             raise UnknownFieldError(f"{prefix}{short_repr(str(key))[1:-1]}={short_repr(value)}: "
                                     f"unknown config field{_known(name, sorted(hints))}")
+        if name in changes:  # `batch_size` and `batch-size` both given: which one is meant?
+            raise TypeCheckError(f"{prefix}{short_repr(str(key))[1:-1]}={short_repr(value)}: "
+                                 f"{prefix}{name} is given twice (with '_' and with '-'); "
+                                 f"keep one")
         current = getattr(base, name)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):

@@ -222,7 +222,9 @@ def check_metrics(run_dir: Path, iteration: int) -> list[dict[str, Any]]:
     """The metrics kept up to the checkpoint's iteration; ResumeError when some are missing."""
     path = run_dir / "metrics.jsonl"
     kept = [r for r in metrics_records(path) if r["iteration"] <= iteration]
-    if [r["iteration"] for r in kept] != list(range(1, iteration + 1)):
+    # 1, 2, ..., iteration (compared record by record: a damaged checkpoint's huge iteration
+    # allocates nothing)
+    if len(kept) != iteration or any(r["iteration"] != n for n, r in enumerate(kept, 1)):
         have = "is missing" if not path.exists() else f"holds {len(kept)} of them"
         raise ResumeError(f"{path}: the checkpoint is at iteration {iteration} but the file "
                           f"{have}; the run cannot be resumed exactly (restore the file, or "

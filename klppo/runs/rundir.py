@@ -135,7 +135,7 @@ def create_run_dir(path: str | Path, unique: bool = False) -> Path:
             except OSError as e:
                 raise OSError(e.errno, e.strerror, str(candidate)) from None
         raise FileExistsError(f"out={str(p)!r}: no free run name")
-    _check_reusable(p)
+    check_reusable(p)
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -147,10 +147,12 @@ def create_run_dir(path: str | Path, unique: bool = False) -> Path:
 RUN_FILES = ("metrics.jsonl", "config.yaml", "checkpoint.pt", "metadata.json", "status.json")
 
 
-def _check_reusable(p: Path) -> None:
-    """Refuse an existing directory that holds a run (even one without metrics yet) or anything
-    else that is not ours; allow a new or empty one, or one with only the lock and temp files
-    of a start that was killed before it wrote its config."""
+def check_reusable(p: Path, keep: tuple[str, ...] = ()) -> None:
+    """Refuse (``FileExistsError``, one line) an existing directory that holds a run (even one
+    without metrics yet) or anything else that is not ours; allow a new or empty one, or one
+    with only the lock and temp files of a start that was killed before it wrote its config
+    (and the names in ``keep``: files of the run's own made before it). ``klppo train`` and
+    ``klppo rlhf`` check a new run's ``--out`` with it."""
     if not p.is_dir():
         return
     names = sorted(c.name for c in p.iterdir())
@@ -162,7 +164,8 @@ def _check_reusable(p: Path) -> None:
         raise FileExistsError(f"out={str(p)!r} holds a run that has no metrics yet "
                               f"({', '.join(held)}); use --resume {p} to continue it or choose "
                               f"another --out")
-    other = [n for n in names if n != ".lock" and not (n.startswith(".") and ".tmp" in n)]
+    other = [n for n in names if n != ".lock" and n not in keep
+             and not (n.startswith(".") and ".tmp" in n)]
     if other:
         raise FileExistsError(f"out={str(p)!r} is not empty ({len(other)} entries, e.g. "
                               f"{other[0][:60]!r}) and not a klppo run; choose a new or empty "
@@ -378,3 +381,12 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
         return json.loads(p.read_text())
     except (ValueError, RecursionError):
         return None
+
+
+def inside_owned(out: str | Path) -> str | None:
+    """Why a new run may not be made at ``out`` (one line), or None: ``out`` lies inside what
+    a run, sweep or study owns (``RUN/policy``, ``SWEEP/runs/NEW``). The CLI checks a user's
+    ``--out`` with it; a sweep or study makes its runs under its own ``runs/`` itself."""
+    from klppo.runs.owned import owned_reason
+
+    return owned_reason(out, (), "out")
