@@ -34,13 +34,24 @@ SNAPSHOT_FILES = ("final_returns.md", "equivalence.md", "partition.md", "aggrega
                   "report.html")
 
 
-def check_snapshot_dest(dest: str) -> None:
-    """FlagError, before any work, when DEST would write into what a run or sweep owns."""
+def check_snapshot_dest(dest: str, smooth: int | None = None) -> None:
+    """FlagError, before any work, when DEST would write into what a run or sweep owns, or
+    replace a ``klppo report``'s files (a snapshot rewrites only a snapshot: a report holds
+    files a snapshot never writes), or ``smooth`` is out of ``klppo report``'s range."""
+    from pathlib import Path
+
+    from klppo.report.build import REPORT_FILES
     from klppo.runs.owned import owned_reason
 
+    if smooth is not None and not 1 <= smooth <= 100_000:
+        raise FlagError(f"--smooth={smooth}: must be an integer in [1, 100,000] (iterations)")
     reason = owned_reason(dest, SNAPSHOT_FILES, "dest")
     if reason is not None:
         raise FlagError(reason)
+    report_only = [n for n in REPORT_FILES if n not in SNAPSHOT_FILES and (Path(dest) / n).exists()]
+    if report_only:
+        raise FlagError(f"dest={dest!r}: holds a klppo report ({', '.join(report_only)}), which a "
+                        f"snapshot would partly replace; choose another dest")
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
@@ -48,7 +59,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     from klppo.report.snapshot import write_snapshot
 
     try:
-        check_snapshot_dest(args.dest)
+        check_snapshot_dest(args.dest, args.smooth)
         rep = write_snapshot(args.paths, args.dest, args.title, args.command, args.smooth,
                              args.finished_only)
     except REPORTED as e:

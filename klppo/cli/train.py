@@ -248,15 +248,18 @@ def _start(cfg):
 
 
 def _resuming(run_dir: str, iterations: int) -> str:
-    """``resuming RUN from iteration K of N`` (K: the checkpoint's, from ``status.json``)."""
+    """``resuming RUN from iteration K of N`` (K: the checkpoint's own; ``status.json`` may be
+    older: a killed run's says where it started)."""
     from pathlib import Path
 
-    from klppo.runs.rundir import read_status
+    from klppo.runs import checkpoint as ckpt
 
-    try:
-        done = (read_status(Path(run_dir)) or {}).get("checkpoint_iteration")
-    except (OSError, ValueError):  # the resume itself names a damaged status.json
-        done = None
+    done: object = 0
+    if (Path(run_dir) / ckpt.CHECKPOINT).exists():
+        try:
+            done = ckpt.load_checkpoint(Path(run_dir)).get("iteration")
+        except Exception:  # noqa: BLE001 - the resume itself names a damaged checkpoint
+            done = None
     at = f"iteration {done:,}" if isinstance(done, int) and done >= 0 else "its checkpoint"
     return f"resuming {run_dir} from {at} of {iterations:,}"
 

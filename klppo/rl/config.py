@@ -316,8 +316,8 @@ class TrainConfig:
     """parent directory of the run directories named by klppo (when --out is not given)"""
     checkpoint_every: int = field(default=10, metadata=at_least(1))
     """iterations between checkpoints (one is always written at the end)"""
-    eval_every: int = field(default=0, metadata=below(10**9, text="must be an integer >= 0 "
-                                                             "(0: no evaluation)"))
+    eval_every: int = field(default=0, metadata=below(10**9, text="must be an integer in "
+                                                             "[0, 10**9) (0: no evaluation)"))
     """evaluate the policy every N iterations and at the last (0: never): eval_episodes
     episodes with deterministic actions on their own seeded environment, as klppo eval; logged
     as eval_return_mean, and the best policy kept in best/ (klppo.load(RUN/best))"""

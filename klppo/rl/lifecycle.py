@@ -126,6 +126,14 @@ def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any, extending: bool) 
     check_config_unchanged(run_dir, to_dict(cfg), saved, to_dict(TrainConfig()), free, hint)
 
 
+def check_checkpoint_config(run_dir: Path, cfg: TrainConfig, state: Any) -> None:
+    """``config.yaml`` (``cfg``) against the checkpoint's own copy of the config, as a resume
+    checks it, before anything is made from ``cfg`` (``klppo eval`` and :func:`klppo.load`
+    build the env it names: an edited ``env`` could name a module to import)."""
+    if isinstance(state, dict) and "config" in state:
+        _check_config(run_dir, cfg, state["config"], extending=False)
+
+
 def _check_metadata(run_dir: Path) -> None:
     import json
 

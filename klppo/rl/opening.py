@@ -204,11 +204,17 @@ def open_existing(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
         except BaseException:
             lock.release()
             raise
-        write_extension(run_dir, cfg, state)
         if old != cfg.total_steps:
             meta = {**(meta or {}), "extended": {"total_steps": [old, cfg.total_steps]}}
     tr = _start(run_dir, cfg, lock, makers)
     problems = _restore(tr, state, lock)
+    if total_steps is not None:  # the new total is written once the checkpoint has loaded
+        try:
+            write_extension(run_dir, cfg, state)
+        except BaseException:
+            tr.close()
+            lock.release()
+            raise
     _record_start(run_dir, state, threads, meta)
     M.rewrite_metrics(run_dir / "metrics.jsonl", kept)
     life = RunLife(run_dir, lock, saved=tr.iteration)
@@ -236,7 +242,8 @@ def _restore(tr: SingleTrainer | MultiTrainer, state: dict[str, Any] | None,
         return []
     try:
         return tr.load_state_dict(state)
-    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError,
+            OverflowError) as e:  # (a forged integer too large for numpy's or torch's types)
         tr.env.close()
         detail = " ".join(str(e).split())[:300] or type(e).__name__
         _refuse(tr.run_dir, lock, ResumeError(

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = ["RUN_OWNED", "SWEEP_OWNED", "STUDY_OWNED", "owned_reason", "container_reason",
-           "kind_of"]
+           "kind_of", "is_run_temp"]
 
 #: what a run directory owns: name -> what it is to the run
 RUN_OWNED = {
@@ -99,6 +99,13 @@ def _owned(name: str, table: dict[str, str]) -> str | None:
             if of is not None:
                 return f"a temp file of {of}"
     return None
+
+
+def is_run_temp(name: str) -> bool:
+    """Whether ``name`` is the temp file of an atomic write of a file a run owns
+    (``.NAME.tmpPID``, ``NAME.tmp``): what a killed write leaves, and nothing a user named."""
+    what = _owned(name, RUN_OWNED)
+    return what is not None and what.startswith("a temp file of")
 
 
 def _shown(p: Path) -> str:

@@ -35,6 +35,7 @@ import yaml
 from klppo.runs.atomic import atomic_write_bytes
 from klppo.runs.configfile import InputError, InputFileError, parse_yaml, read_text
 from klppo.runs.errors import UserInputError
+from klppo.runs.owned import is_run_temp
 from klppo.runs.paths import check_writable
 
 __all__ = ["DirBusyError", "DirLock", "default_run_name", "create_run_dir",
@@ -164,8 +165,7 @@ def check_reusable(p: Path, keep: tuple[str, ...] = ()) -> None:
         raise FileExistsError(f"out={str(p)!r} holds a run that has no metrics yet "
                               f"({', '.join(held)}); use --resume {p} to continue it or choose "
                               f"another --out")
-    other = [n for n in names if n != ".lock" and n not in keep
-             and not (n.startswith(".") and ".tmp" in n)]
+    other = [n for n in names if n != ".lock" and n not in keep and not is_run_temp(n)]
     if other:
         raise FileExistsError(f"out={str(p)!r} is not empty ({len(other)} entries, e.g. "
                               f"{other[0][:60]!r}) and not a klppo run; choose a new or empty "
@@ -184,12 +184,10 @@ def remove_stale_temp_files(run_dir: Path) -> list[str]:
     """Delete the temp files of writes that a killed process left half done (call only while
     holding the directory's lock: then no live writer owns them). Returns their names."""
     gone = []
-    for p in Path(run_dir).glob(".*.tmp*"):
-        p.unlink(missing_ok=True)
-        gone.append(p.name)
-    for p in Path(run_dir).glob("*.jsonl.tmp"):
-        p.unlink(missing_ok=True)
-        gone.append(p.name)
+    for p in sorted(Path(run_dir).iterdir()):
+        if is_run_temp(p.name) and p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
+            gone.append(p.name)
     return gone
 
 

@@ -141,6 +141,19 @@ def _poison(*keys: str, value: float = float("nan")):
     return damage
 
 
+def _set(*keys: str, value):
+    """Set one nested entry of the checkpoint to ``value`` (a forged number)."""
+    def damage(run: Path, runs: dict[str, Path]) -> None:
+        state = torch.load(run / "checkpoint.pt", weights_only=False)
+        node = state
+        for k in keys[:-1]:
+            node = node[k]
+        assert keys[-1] in node, keys  # (the forgery replaces what is there)
+        node[keys[-1]] = value
+        torch.save(state, run / "checkpoint.pt")
+    return damage
+
+
 def _insert_line(after: int, text: str):
     def damage(run: Path, runs: dict[str, Path]) -> None:
         lines = (run / "metrics.jsonl").read_text().splitlines()
@@ -238,6 +251,12 @@ REFUSED = {
     "metrics_global_step_edited": (_metrics_field(1, global_step=999), "global_step=999"),
     "lock_is_a_link": (_lock_link, "not a plain file"),
     "weights_float64": (_edit_state(agent=None), "is torch.float64 in the checkpoint"),
+    # integers too large for numpy's or torch's types (an OverflowError was a traceback)
+    "optimizer_step_overflow": (_set("optimizer", "t", value=10**30), "OverflowError"),
+    "env_rng_overflow": (_set("env", "rng", "state", "state", value=2**300), "does not fit"),
+    "env_rng_negative": (_set("env", "rng", "state", "state", value=-1), "does not fit"),
+    "runner_rng_overflow": (_set("collector", "runner", "numpy_rng", "state", "inc",
+                                 value=2**300), "does not fit"),
 }
 
 
