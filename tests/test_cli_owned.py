@@ -8,6 +8,7 @@ still replaces only that."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,15 @@ def test_replay_into_a_run_and_force_replaces_only_its_own_files(at_root, capsys
 
 def test_snapshot_into_a_run_or_sweep_writes_only_its_own_files(at_root, capsys):
     owned = _owned(at_root)
+    # a report there (the report test's): a snapshot would replace part of it, so it refuses
+    assert run_main(["report", "run", "--out", "run", "--force"]) == 0
+    capsys.readouterr()
+    assert run_main(["snapshot", "run", "run"]) == 2
+    assert "holds a klppo report" in capsys.readouterr().err
+    shutil.rmtree(at_root / "run/figures")
+    for n in ("report.html", "final_returns.md", "final_returns.csv", "equivalence.md",
+              "equivalence.csv", "aggregates.md", "trials.md"):
+        (at_root / "run" / n).unlink(missing_ok=True)
     assert run_main(["snapshot", "run", "run"]) == 0
     assert run_main(["snapshot", "sweep", "sweep"]) == 0
     assert (at_root / "run/final_returns.md").is_file()

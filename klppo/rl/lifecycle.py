@@ -126,12 +126,17 @@ def _check_config(run_dir: Path, cfg: TrainConfig, saved: Any, extending: bool) 
     check_config_unchanged(run_dir, to_dict(cfg), saved, to_dict(TrainConfig()), free, hint)
 
 
-def check_checkpoint_config(run_dir: Path, cfg: TrainConfig, state: Any) -> None:
-    """``config.yaml`` (``cfg``) against the checkpoint's own copy of the config, as a resume
-    checks it, before anything is made from ``cfg`` (``klppo eval`` and :func:`klppo.load`
-    build the env it names: an edited ``env`` could name a module to import)."""
-    if isinstance(state, dict) and "config" in state:
-        _check_config(run_dir, cfg, state["config"], extending=False)
+def check_env_module(run_dir: Path, cfg: TrainConfig, state: Any) -> None:
+    """An env of ``config.yaml`` (``cfg``) that names a module (``module:Id``, imported to
+    build it) is built only when the checkpoint's own config names the same: ``klppo eval``
+    and :func:`klppo.load` check it first, so an edit of ``config.yaml`` never chooses code to
+    run (another run's checkpoint is named by the checks of its shapes)."""
+    saved = state.get("config") if isinstance(state, dict) else None
+    made_for = saved.get("env") if isinstance(saved, dict) else None
+    if ":" in cfg.env and made_for is not None and made_for != cfg.env:
+        raise ResumeError(f"{run_dir / 'checkpoint.pt'}: made for env={short_repr(made_for)}, "
+                          f"but config.yaml names env={short_repr(cfg.env)}, a module to "
+                          f"import: nothing is built from an edited config.yaml (undo the edit)")
 
 
 def _check_metadata(run_dir: Path) -> None:

@@ -304,7 +304,7 @@ def load(run_dir: str | Path, policy: str | None = None) -> Policy:
     (one-line errors for a directory that is not a run or has no readable checkpoint). A
     multi-agent run holds several: ``policy`` names one (:func:`load_policies` gives them
     all). The environment need not be installed (the spaces are read from ``spaces.json``)."""
-    from klppo.rl.lifecycle import check_checkpoint_config, read_run_config
+    from klppo.rl.lifecycle import check_env_module, read_run_config
     from klppo.rl.marl.spec import is_multiagent
 
     run_dir = run_dir_of(run_dir)
@@ -318,7 +318,7 @@ def load(run_dir: str | Path, policy: str | None = None) -> Policy:
     if policy is not None:
         raise ValueError(f"policy={policy!r}: {run_dir} is a single-agent run (no policy names)")
     state = _checkpoint(run_dir)
-    check_checkpoint_config(run_dir, cfg, state)
+    check_env_module(run_dir, cfg, state)
     obs_space, act_space = _spaces(run_dir, cfg)
     recorded = run_dir / SPACES if (run_dir / SPACES).exists() else None
     pol = policy_from_state(cfg, state, obs_space, act_space, str(run_dir / ckpt.CHECKPOINT),
@@ -329,7 +329,7 @@ def load(run_dir: str | Path, policy: str | None = None) -> Policy:
 
 def load_policies(run_dir: str | Path) -> dict[str, Policy]:
     """Every policy of a multi-agent run directory, by name (each with its own config)."""
-    from klppo.rl.lifecycle import check_checkpoint_config, read_run_config
+    from klppo.rl.lifecycle import check_env_module, read_run_config
     from klppo.rl.marl.spec import check_multiagent, is_multiagent, policy_configs
 
     run_dir = run_dir_of(run_dir)
@@ -337,7 +337,7 @@ def load_policies(run_dir: str | Path) -> dict[str, Policy]:
     if not is_multiagent(cfg.env):
         raise ValueError(f"{run_dir} is a single-agent run: use load()")
     state = _checkpoint(run_dir)
-    check_checkpoint_config(run_dir, cfg, state)
+    check_env_module(run_dir, cfg, state)
     recorded = read_spaces(run_dir)
     if recorded is not None and "policies" in recorded:
         rec = recorded["policies"]

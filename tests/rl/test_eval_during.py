@@ -68,7 +68,7 @@ def test_grouped_runs_evaluate_as_alone(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("eval_every", -1, r"^eval_every=-1: must be an integer >= 0"),
+    ("eval_every", -1, r"^eval_every=-1: must be an integer in \[0, 10\*\*9\)"),
     ("eval_episodes", 0, r"^eval_episodes=0: must be an integer in \[1, 1000\]"),
     ("eval_episodes", 10**6, r"^eval_episodes=1000000: must be an integer in \[1, 1000\]"),
 ])
