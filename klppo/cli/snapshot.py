@@ -48,7 +48,10 @@ def check_snapshot_dest(dest: str, smooth: int | None = None) -> None:
     reason = owned_reason(dest, SNAPSHOT_FILES, "dest")
     if reason is not None:
         raise FlagError(reason)
-    report_only = [n for n in REPORT_FILES if n not in SNAPSHOT_FILES and (Path(dest) / n).exists()]
+    # a report's files a snapshot never writes (not ``figures/``: a folder of that name may be
+    # anyone's)
+    report_only = [n for n in REPORT_FILES if n not in SNAPSHOT_FILES and n != "figures"
+                   and (Path(dest) / n).is_file()]
     if report_only:
         raise FlagError(f"dest={dest!r}: holds a klppo report ({', '.join(report_only)}), which a "
                         f"snapshot would partly replace; choose another dest")

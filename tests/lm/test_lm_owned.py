@@ -186,3 +186,48 @@ def test_a_config_field_given_with_both_spellings_is_refused():
 
     with pytest.raises(TypeCheckError, match="batch_size is given twice"):
         overlay(RLHFConfig(), {"batch_size": 4, "batch-size": 8})
+
+
+# --------------------------------------------------------------- an arm that starts again
+def _arm(model: Path, root: Path) -> Path:
+    import dataclasses
+
+    from klppo.experiments.rlhf_worker import PENDING
+    from klppo.runs import rundir as R
+
+    arm = root / "cmp" / "runs" / "fixed_weak__0"
+    arm.mkdir(parents=True)
+    R.write_yaml(arm / PENDING, dataclasses.asdict(cfg(model, arm, iterations=1)))
+    (arm / "worker.log").write_text("")
+    return arm
+
+
+@pytest.mark.parametrize("left", ["interrupted_status", "pending_temp"])
+def test_an_arm_stopped_before_its_config_starts_again(left, tiny_model_dir, tmp_path):
+    from klppo.experiments.rlhf_worker import run_arm
+    from klppo.runs import rundir as R
+
+    arm = _arm(tiny_model_dir, tmp_path)
+    if left == "interrupted_status":  # the launcher's record of a worker stopped while loading
+        R.write_status(arm, "interrupted", error="worker stopped")  # (with .status.reserve)
+    else:  # a compare killed while it rewrote pending.yaml
+        (arm / ".pending.yaml.tmp4242").write_text("x: ")
+    run_arm(arm)
+    assert json.loads((arm / "status.json").read_text())["state"] == "finished"
+
+
+def test_an_arm_continues_when_the_comparison_is_named_another_way(tiny_model_dir, tmp_path,
+                                                                  monkeypatch):
+    from klppo.experiments.rlhf_compare import arms, run_compare
+
+    monkeypatch.chdir(tmp_path)
+    base = RLHFConfig(model=str(tiny_model_dir), **SMALL)
+    configs = {k: v for k, v in arms(base, 0.5, 0.01, "step", [0]).items() if k == "fixed_weak__0"}
+    assert run_compare(configs, "cmp", workers=1)["fixed_weak__0"][0] == "finished"
+    arm = tmp_path / "cmp" / "runs" / "fixed_weak__0"
+    status = json.loads((arm / "status.json").read_text())
+    (arm / "status.json").write_text(json.dumps({**status, "state": "interrupted"}))
+    before = (md5(arm / "checkpoint.pt"), (arm / "metrics.jsonl").read_text())
+    res = run_compare(configs, str(tmp_path / "cmp"), workers=1)  # --out spelled absolutely
+    assert res["fixed_weak__0"] == ("finished", None), res
+    assert (md5(arm / "checkpoint.pt"), (arm / "metrics.jsonl").read_text()) == before
