@@ -8,7 +8,7 @@ Owned (by name, at the top of the directory; everything below an owned folder to
 * a run directory (``config.yaml`` plus any of ``metrics.jsonl``, ``status.json``,
   ``checkpoint.pt``, ``metadata.json``; ``klppo train`` and ``klppo rlhf`` alike):
   :data:`RUN_OWNED`, TensorBoard's ``events.out.tfevents.*`` and the temp files of atomic
-  writes (``.NAME.tmp*``, ``NAME.tmp``);
+  writes (``.NAME.tmp*``; ``metrics.jsonl.tmp``, the one plain ``NAME.tmp`` klppo writes);
 * a sweep directory (``runs/`` plus ``spec.yaml`` or ``index.json``): :data:`SWEEP_OWNED`;
   everything under ``runs/`` belongs to the runs: only an existing ``runs/NAME`` directory
   may be a destination (a run directory, judged as one);
@@ -65,8 +65,9 @@ STUDY_OWNED = {
 #: any of these next to config.yaml: a run lives there
 _RUN_MARKS = ("metrics.jsonl", "status.json", "checkpoint.pt", "metadata.json")
 #: the temp files of atomic writes: ``.NAME.tmpPID`` (:func:`klppo.runs.atomic.temp_name`),
-#: ``NAME.tmp``
-_TEMP = (re.compile(r"^\.(.+)\.tmp\d*$"), re.compile(r"^(.+)\.tmp$"))
+#: and ``metrics.jsonl.tmp`` (:func:`klppo.runs.metrics.rewrite_metrics`); a user's
+#: ``policy.tmp`` is theirs
+_TEMP = (re.compile(r"^\.(.+)\.tmp\d*$"), re.compile(r"^(metrics\.jsonl)\.tmp$"))
 
 
 def kind_of(d: Path) -> str | None:
@@ -103,7 +104,8 @@ def _owned(name: str, table: dict[str, str]) -> str | None:
 
 def is_run_temp(name: str) -> bool:
     """Whether ``name`` is the temp file of an atomic write of a file a run owns
-    (``.NAME.tmpPID``, ``NAME.tmp``): what a killed write leaves, and nothing a user named."""
+    (``.NAME.tmpPID``, ``metrics.jsonl.tmp``): what a killed write leaves, and nothing a user
+    named."""
     what = _owned(name, RUN_OWNED)
     return what is not None and what.startswith("a temp file of")
 

@@ -66,10 +66,12 @@ def test_a_resume_removes_only_the_temp_files_of_its_own_writes(base, tmp_path):
     run = _copy(base, tmp_path / "r")
     (run / ".cache.tmp").mkdir()  # a directory whose name looks like a temp file's
     (run / ".notes.tmp.txt").write_text("precious")
+    (run / "policy.tmp").write_text("precious")  # klppo never writes policy.tmp
     (run / ".status.json.tmp123").write_text("{")  # a killed write's temp file
     (run / "metrics.jsonl.tmp").write_text("{")
     assert rl.resume(run, total_steps=4096).status == "finished"
     assert (run / ".cache.tmp").is_dir() and (run / ".notes.tmp.txt").read_text() == "precious"
+    assert (run / "policy.tmp").read_text() == "precious"
     assert not (run / ".status.json.tmp123").exists()
     assert not (run / "metrics.jsonl.tmp").exists()
 

@@ -93,6 +93,7 @@ def test_each_refusal_says_what_the_file_is_to_the_run(run):
     _refused(owned_reason(run / ".checkpoint.pt.tmp123"), "(a temp file of its checkpoint)")
     # the other temp form, NAME.tmp (the metrics' rewrite on a resume)
     _refused(owned_reason(run / "metrics.jsonl.tmp"), "(a temp file of its metrics)")
+    assert owned_reason(run / "policy.tmp") is None  # klppo never writes it: the user's
     _refused(owned_reason(run / "best" / "checkpoint.pt"), "(its best evaluated policy)")
     _refused(owned_reason(run / "wandb" / "new.json"), "wandb/ belongs to the run",
              "Weights & Biases")
