@@ -1,10 +1,10 @@
 """TRL's GRPOTrainer on klppo's Austen sentiment task, with a fixed beta and with a klppo
 controller driving beta (klppo.integrations.trl), from a too-strong and a too-weak start.
 
-Each arm writes OUT/runs/ARM__SEED/{config.yaml, metrics.jsonl} in the layout of
+Each arm writes OUT/runs/ARM__SEED/{config.yaml, metadata.json, metrics.jsonl} in the layout of
 `klppo rlhf compare` (one record per GRPO step: VADER score, the KL in the controller's unit
 against the target, beta, held-out perplexity every few steps, sample texts), then the report
-(OUT/report/report.html, summary.md) is written by klppo.report.lm.lm_report.
+(OUT/report/report.html, summary.md, curves.csv) is written by klppo.report.lm.lm_report.
 
     python examples/trl_grpo_adaptive_kl.py --tiny --out runs/trl-grpo-tiny    # CPU, ~40 s
     python examples/trl_grpo_adaptive_kl.py --model smollm2 --out runs/trl-grpo  # for a GPU
@@ -182,6 +182,7 @@ def run_arm(name: str, seed: int, beta: float, controller: str, base: Path, out:
     from klppo.core.controllers import make_controller
     from klppo.integrations.trl import attach
     from klppo.lm.experiment import corpus_ids
+    from klppo.runs.rundir import write_metadata
 
     run_dir = out / "runs" / f"{name}__{seed}"
     if (run_dir / "metrics.jsonl").exists():
@@ -216,6 +217,7 @@ def run_arm(name: str, seed: int, beta: float, controller: str, base: Path, out:
     config = {"kind": "trl_grpo", "arm": name, "seed": seed, "model": str(base),
               "controller": controller, "beta": beta, **dataclasses.asdict(s)}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    write_metadata(run_dir, {"kind": "trl_grpo"})  # the machine and software, for the report
     trainer.train()
     return run_dir
 

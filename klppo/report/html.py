@@ -13,7 +13,7 @@ from klppo.report.aggregate import iqm_note
 from klppo.report.compare import comparison_html
 from klppo.report.grid import shown
 
-__all__ = ["render_html", "img_tag", "CSS"]
+__all__ = ["render_html", "img_tag", "machines_html", "CSS"]
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
@@ -37,7 +37,8 @@ def img_tag(path: Path) -> str:
     return f'<img alt="{html.escape(Path(path).stem)}" src="data:image/png;base64,{data}">'
 
 
-def _machines(machines: list[str]) -> list[str]:
+def machines_html(machines: list[str]) -> list[str]:
+    """The report's 'Measured on' block (nothing when no run recorded its machine)."""
     if not machines:
         return []
     items = "".join(f"<li>{html.escape(m)}</li>" for m in machines)
@@ -144,7 +145,7 @@ def render_html(summaries, equivalences, figures, runs, skipped, notes,
              f"<p class='muted'>{len(runs)} runs loaded, {len(skipped)} skipped. Final return: "
              "mean of training-episode returns over the last 10% of environment steps per seed; "
              "mean and population std over seeds; IQM with a bootstrap 95% CI.</p>",
-             *_machines(machines or []), *_final_table(summaries),
+             *machines_html(machines or []), *_final_table(summaries),
              *_equivalence_table(equivalences), *sections,
              *_comparisons(list(comparisons), list(comparison_figures)),
              "<h2>Figures</h2>", *_smoothing(windows or {})]

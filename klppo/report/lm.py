@@ -3,6 +3,7 @@ arm, the second-half summary table, and sample texts. Reads run directories only
 
 from __future__ import annotations
 
+import csv
 import html
 import json
 from collections import defaultdict
@@ -19,10 +20,11 @@ import yaml  # noqa: E402
 from klppo.report.colours import condition_colours  # noqa: E402
 from klppo.report.curves import IDENTICAL_STYLE  # noqa: E402
 from klppo.report.figures import save  # noqa: E402
-from klppo.report.html import CSS, img_tag  # noqa: E402
+from klppo.report.html import CSS, img_tag, machines_html  # noqa: E402
+from klppo.report.load import merge_commits, read_metadata, run_machines  # noqa: E402
 from klppo.runs.metrics import read_metrics  # noqa: E402
 
-__all__ = ["ArmSummary", "lm_report", "summarize_arm"]
+__all__ = ["ArmSummary", "CURVE_FIELDS", "lm_report", "summarize_arm"]
 
 
 @dataclass
@@ -107,27 +109,55 @@ def _common_length(by_arm: dict[str, list[list[dict]]]) -> int | None:
     return n
 
 
-def lm_report(compare_dir: str | Path, out_dir: str | Path) -> tuple[Path, list[ArmSummary]]:
-    compare_dir, out = Path(compare_dir), Path(out_dir)
-    figs_dir = out / "figures"
-    by_arm: dict[str, list[list[dict]]] = defaultdict(list)
-    skipped = []
+#: the per-iteration columns of ``curves.csv`` (the data every number of the report comes from)
+CURVE_FIELDS = ("iteration", "episodes", "kl", "kl_target", "beta", "beta_after", "score",
+                "held_out_perplexity", "distinct_2")
+
+
+@dataclass
+class _Runs:
+    by_arm: dict[str, list[list[dict]]]
+    names: dict[str, list[str]]  # the run directories' names, as by_arm
+    skipped: list[tuple[str, str]]
+    machines: list[str]
+
+
+def _read_runs(compare_dir: Path) -> _Runs:
+    runs = _Runs(defaultdict(list), defaultdict(list), [], [])
     for d in sorted((compare_dir / "runs").iterdir()):
         if not (d / "metrics.jsonl").exists():
-            skipped.append((d.name, "no metrics.jsonl"))
+            runs.skipped.append((d.name, "no metrics.jsonl"))
             continue
         recs, _ = read_metrics(d / "metrics.jsonl")
         if not recs:
-            skipped.append((d.name, "no complete record"))
+            runs.skipped.append((d.name, "no complete record"))
             continue
-        by_arm[d.name.rsplit("__", 1)[0]].append(recs)
-    if not by_arm:
+        arm = d.name.rsplit("__", 1)[0]
+        runs.by_arm[arm].append(recs)
+        runs.names[arm].append(d.name)
+        runs.machines += run_machines(read_metadata(d / "metadata.json"))
+    if not runs.by_arm:
         raise FileNotFoundError(f"{compare_dir}: no RLHF run with metrics")
-    common = _common_length(by_arm)
-    unit = next(iter(by_arm.values()))[0][0]["kl_unit"]
-    target = next(iter(by_arm.values()))[0][0]["kl_target"]
+    runs.machines = merge_commits(runs.machines) if any(runs.machines) else []
+    return runs
+
+
+def _write_curves(runs: _Runs, path: Path) -> None:
+    """``curves.csv``: one row per run and iteration read (after any common cut), the columns
+    of :data:`CURVE_FIELDS` (empty where a record lacks one), so a snapshot carries its data."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(("run", "arm", *CURVE_FIELDS))
+        for arm in sorted(runs.by_arm):
+            for name, recs in zip(runs.names[arm], runs.by_arm[arm]):
+                for r in recs:
+                    w.writerow((name, arm, *(r.get(k, "") for k in CURVE_FIELDS)))
+
+
+def _figures(by_arm: dict[str, list[list[dict]]], figs_dir: Path, unit: str,
+             target: float) -> list[tuple[str, Path]]:
     mean = "per arm, mean over seeds"
-    figures = [
+    return [
         (f"task score (VADER compound) {mean}",
          save(_curves(by_arm, "score", "task score (VADER compound)", "score"), figs_dir,
               "score")),
@@ -140,49 +170,91 @@ def lm_report(compare_dir: str | Path, out_dir: str | Path) -> tuple[Path, list[
          save(_curves(by_arm, "held_out_perplexity", "held-out perplexity of the policy",
                       "perplexity", sparse=True), figs_dir, "perplexity")),
     ]
-    summaries = [summarize_arm(a, rs) for a, rs in sorted(by_arm.items())]
-    (out / "summary.json").write_text(json.dumps([s.__dict__ for s in summaries], indent=2))
-    md = ["| arm | seeds | KL (2nd half) | abs(KL - target) | worst seed | score (2nd half) | "
-          "final beta | held-out ppl | distinct-2 |", "|---|---|---|---|---|---|---|---|---|"]
-    md += [f"| {s.arm} | {s.seeds} | {s.kl_second_half:.2f} | {s.kl_abs_error_second_half:.2f}"
-           f" | {s.max_seed_abs_error:.2f} | {s.score_second_half:.3f} | {s.final_beta:.4g} | "
-           f"{s.final_perplexity:.1f} | {s.distinct_2:.3f} |" for s in summaries]
+
+
+_HEAD = ("| arm | seeds | KL (2nd half) | abs(KL - target), seed mean | worst seed | "
+         "score (2nd half) | final beta | held-out ppl | distinct-2 |")
+_HOW = ("Second half: the iterations after the midpoint of each run. KL (2nd half): the seeds' "
+        "mean of each seed's second-half mean KL; abs(KL - target): the seeds' mean of each "
+        "seed's abs(second-half mean KL - target), the worst seed its largest.")
+
+
+def _cells(s: ArmSummary) -> list[str]:
+    return [s.arm, str(s.seeds), f"{s.kl_second_half:.2f}", f"{s.kl_abs_error_second_half:.2f}",
+            f"{s.max_seed_abs_error:.2f}", f"{s.score_second_half:.3f}", f"{s.final_beta:.4g}",
+            f"{s.final_perplexity:.1f}", f"{s.distinct_2:.3f}"]
+
+
+def _summary_md(summaries: list[ArmSummary], common: int | None, machines: list[str]) -> str:
+    md = [_HEAD, "|---" * 9 + "|", *("| " + " | ".join(_cells(s)) + " |" for s in summaries),
+          "", _HOW]
     if common is not None:
         md.append(f"\nRuns stopped at different iterations: every run is read up to iteration "
                   f"{common}, the last that all of them reached.")
-    (out / "summary.md").write_text("\n".join(md) + "\n")
+    if machines:
+        md += ["", "Measured on (from the runs' metadata.json):", *(f"- {m}" for m in machines)]
+    return "\n".join(md) + "\n"
+
+
+def _samples_html(by_arm: dict[str, list[list[dict]]]) -> list[str]:
     e = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>klppo RLHF report"
-             f"</title><style>{CSS}</style></head><body><h1>RLHF: fixed vs adaptive KL control"
-             f"</h1><p class='muted'>KL unit: {e(unit)}; target {target:g}. Second half = "
-             "iterations after the midpoint, averaged over seeds."
-             + ("" if common is None else f" {e(md[-1].strip())}") + "</p><table><tr>"
-             + "".join(f"<th>{e(h.strip())}</th>" for h in md[0].strip('|').split('|'))
-             + "</tr>"]
-    for s in summaries:
-        parts.append(f"<tr><td>{e(s.arm)}</td><td>{s.seeds}</td><td>{s.kl_second_half:.2f}</td>"
-                     f"<td>{s.kl_abs_error_second_half:.2f}</td><td>{s.max_seed_abs_error:.2f}"
-                     f"</td><td>{s.score_second_half:.3f}</td><td>{s.final_beta:.4g}</td>"
-                     f"<td>{s.final_perplexity:.1f}</td><td>{s.distinct_2:.3f}</td></tr>")
-    parts.append("</table><h2>Curves</h2>")
-    parts += [f"<figure>{img_tag(p)}<figcaption>{e(c)}</figcaption></figure>" for c, p in figures]
-    parts.append("<h2>Sample texts (last evaluation, seed of the first run)</h2>")
+    parts = ["<h2>Sample texts (last evaluation, seed of the first run)</h2>"]
     for arm, runs in sorted(by_arm.items()):
-        last = [r for r in runs[0] if "samples" in r][-1:]
-        for r in last:
+        for r in [r for r in runs[0] if "samples" in r][-1:]:
             parts.append(f"<h3>{e(arm)} (episode {r['episodes']})</h3><ul>")
             parts += [f"<li><span class='muted'>{e(s['prompt'])}</span> <b>{e(s['response'])}"
                       f"</b> <span class='muted'>(score {s['score']:.2f})</span></li>"
                       for s in r["samples"]]
             parts.append("</ul>")
-    if skipped:
+    return parts
+
+
+def _first_config(compare_dir: Path) -> str | None:
+    for d in sorted(p.name for p in (compare_dir / "runs").iterdir()):
+        if (compare_dir / "runs" / d / "config.yaml").exists():
+            text = (compare_dir / "runs" / d / "config.yaml").read_text()
+            return yaml.safe_dump(yaml.safe_load(text))
+    return None
+
+
+def lm_report(compare_dir: str | Path, out_dir: str | Path) -> tuple[Path, list[ArmSummary]]:
+    """The report of a comparison's runs (``COMPARE/runs/ARM__SEED``) in ``out_dir``:
+    ``summary.md``, ``summary.json``, ``curves.csv`` (every number's data), ``report.html``
+    and its figures."""
+    compare_dir, out = Path(compare_dir), Path(out_dir)
+    runs = _read_runs(compare_dir)
+    by_arm = runs.by_arm
+    common = _common_length(by_arm)
+    first = next(iter(by_arm.values()))[0][0]
+    unit, target = first["kl_unit"], first["kl_target"]
+    figures = _figures(by_arm, out / "figures", unit, target)
+    summaries = [summarize_arm(a, rs) for a, rs in sorted(by_arm.items())]
+    (out / "summary.json").write_text(json.dumps([s.__dict__ for s in summaries], indent=2))
+    _write_curves(runs, out / "curves.csv")
+    md = _summary_md(summaries, common, runs.machines)
+    (out / "summary.md").write_text(md)
+    e = html.escape
+    cut = "" if common is None else (f" Runs stopped at different iterations: every run is read "
+                                     f"up to iteration {common}, the last that all of them "
+                                     "reached.")
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>klppo RLHF report"
+             f"</title><style>{CSS}</style></head><body><h1>RLHF: fixed vs adaptive KL control"
+             f"</h1><p class='muted'>KL unit: {e(unit)}; target {target:g}. {e(_HOW)}{e(cut)}"
+             "</p>", *machines_html(runs.machines), "<table><tr>"
+             + "".join(f"<th>{e(h.strip())}</th>" for h in _HEAD.strip("|").split("|"))
+             + "</tr>"]
+    parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in _cells(s)) + "</tr>"
+              for s in summaries]
+    parts.append("</table><p class='muted'>The data: curves.csv beside this page.</p>"
+                 "<h2>Curves</h2>")
+    parts += [f"<figure>{img_tag(p)}<figcaption>{e(c)}</figcaption></figure>" for c, p in figures]
+    parts += _samples_html(by_arm)
+    if runs.skipped:
         parts.append("<h2>Skipped</h2><ul>" + "".join(
-            f"<li>{e(n)}: {e(w)}</li>" for n, w in skipped) + "</ul>")
-    cfgs = [yaml.safe_dump(yaml.safe_load((compare_dir / "runs" / d / "config.yaml").read_text()))
-            for d in sorted(p.name for p in (compare_dir / "runs").iterdir())
-            if (compare_dir / "runs" / d / "config.yaml").exists()][:1]
-    if cfgs:
-        parts.append(f"<h2>Configuration (first arm)</h2><pre>{e(cfgs[0])}</pre>")
+            f"<li>{e(n)}: {e(w)}</li>" for n, w in runs.skipped) + "</ul>")
+    config = _first_config(compare_dir)
+    if config is not None:
+        parts.append(f"<h2>Configuration (first arm)</h2><pre>{e(config)}</pre>")
     parts.append("</body></html>")
     page = out / "report.html"
     page.write_text("\n".join(parts))

@@ -17,7 +17,7 @@ from klppo.runs.metrics import policies_of
 from klppo.runs.protocol import final_return
 
 __all__ = ["Run", "Loaded", "load_runs", "condition_of", "describe_machine", "policy_config",
-           "resumes", "run_machines", "merge_commits"]
+           "resumes", "run_machines", "merge_commits", "read_metadata"]
 
 
 @dataclass
@@ -132,7 +132,8 @@ def _read_state(path: Path) -> str | None:
     return status.get("state") if isinstance(status, dict) else None
 
 
-def _read_metadata(path: Path) -> dict[str, Any]:
+def read_metadata(path: Path) -> dict[str, Any]:
+    """A run's ``metadata.json`` as a dict; ``{}`` when it is missing or unreadable."""
     try:
         meta = json.loads(path.read_bytes())
     except (OSError, ValueError, RecursionError):
@@ -214,7 +215,7 @@ def _read_run(path: Path, condition: str | None, axes: tuple[str, ...] = ()) -> 
     usable, bad = read_records(met_path)
     status = _read_state(path / "status.json")
     run = Run(path, config, usable, condition or condition_of(config), status,
-              metadata=_read_metadata(path / "metadata.json"), axes=axes)
+              metadata=read_metadata(path / "metadata.json"), axes=axes)
     if bad:
         run.notes.append(f"skipped {bad} malformed line(s) in metrics.jsonl (killed mid-write?)")
     if status not in (None, "finished"):

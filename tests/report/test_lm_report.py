@@ -70,3 +70,45 @@ def test_runs_of_equal_length_are_not_cut(tmp_path):
     _, summaries = lm_report(tmp_path, tmp_path / "out")
     assert {s.arm: s.kl_second_half for s in summaries} == {"adaptive": 8.5, "fixed": 3.5}
     assert "stopped" not in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_the_table_is_recomputed_from_curves_csv_alone(tmp_path):
+    # a snapshot carries curves.csv, so every number of summary.md can be checked from it
+    import csv
+
+    import numpy as np
+
+    _arm(tmp_path, "fixed__0", [1.0, 2.0, 3.0, 4.0, 100.0])
+    _arm(tmp_path, "fixed__1", [3.0, 4.0, 5.0, 6.0])
+    _arm(tmp_path, "adaptive__0", [2.0, 7.0, 8.0, 5.0])
+    _, summaries = lm_report(tmp_path, tmp_path / "out")
+    with open(tmp_path / "out" / "curves.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["run"] for r in rows} == {"fixed__0", "fixed__1", "adaptive__0"}
+    assert len(rows) == 12  # the common cut: 4 iterations of each run
+    for s in summaries:
+        runs = {}
+        for r in rows:
+            if r["arm"] == s.arm:
+                runs.setdefault(r["run"], []).append(r)
+        half = [[float(r["kl"]) for r in rs[len(rs) // 2:]] for rs in runs.values()]
+        errs = [abs(np.mean(h) - float(rs[0]["kl_target"])) for h, rs in
+                zip(half, runs.values())]
+        assert s.kl_second_half == np.mean([np.mean(h) for h in half])
+        assert s.kl_abs_error_second_half == np.mean(errs)
+        assert s.max_seed_abs_error == max(errs)
+        assert s.final_perplexity == np.mean([float(rs[-1]["held_out_perplexity"])
+                                              for rs in runs.values()])
+
+
+def test_the_report_names_the_machines_the_runs_recorded(tmp_path):
+    _arm(tmp_path, "fixed__0", [1.0, 2.0])
+    _arm(tmp_path, "adaptive__0", [1.0, 2.0])
+    meta = {"machine": {"cpu": "Test CPU 9000", "cpu_count": 2, "gpu": None},
+            "platform": "Linux-x86_64", "python": "3.12.0", "packages": {"torch": "2.13.0"}}
+    for run in ("fixed__0", "adaptive__0"):
+        (tmp_path / "runs" / run / "metadata.json").write_text(json.dumps(meta))
+    page, _ = lm_report(tmp_path, tmp_path / "out")
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "Measured on" in md and md.count("Test CPU 9000 CPU (2 logical cores)") == 1
+    assert "Test CPU 9000" in page.read_text()
