@@ -258,13 +258,29 @@ def _check_model(run_dir: Path, cfg: RLHFConfig, exp: Experiment) -> None:
     started from: the fingerprint in ``metadata.json`` (runs started before klppo kept one
     are not checked)."""
     try:
-        saved = json.loads((run_dir / "metadata.json").read_text()).get("model_sha256")
+        meta = json.loads((run_dir / "metadata.json").read_text())
+        saved = meta.get("model_sha256")
     except (OSError, ValueError, RecursionError, AttributeError):
-        saved = None
+        meta, saved = {}, None
     if not isinstance(saved, str):
         return
     now = fingerprint(exp.ref, exp.tok)
     if now != saved:
         raise ResumeError(f"model={cfg.model!r}: is not the model this run started from (its "
                           f"weights or tokenizer changed: sha256 {now[:12]}..., "
-                          f"{saved[:12]}... in metadata.json); resume it with that model")
+                          f"{saved[:12]}... in metadata.json{_loader_changed(meta)}); resume "
+                          "it with that model")
+
+
+def _loader_changed(meta: dict) -> str:
+    """``; transformers was X at the start, Y now...`` when the version that read the model
+    changed since the run started (a new version may read the same file into other weights)."""
+    import transformers
+
+    packages = meta.get("packages")
+    then = packages.get("transformers") if isinstance(packages, dict) else None
+    now = transformers.__version__
+    if not isinstance(then, str) or then == now:
+        return ""
+    return (f"; transformers was {then} at the start and is {now} now, which may read the same "
+            f"files into other weights")

@@ -265,7 +265,7 @@ def _process_provenance() -> tuple[tuple[str, Any], ...]:
     package metadata 20 times, 36 ms each)."""
     return (("klppo_version", _klppo_version()), ("git_commit", _git_commit()),
             ("packages", tuple(_versions(("torch", "numpy", "gymnasium", "tyro", "mujoco",
-                                          "box2d", "transformers")).items())),
+                                          "box2d", "transformers", "trl", "peft")).items())),
             ("python", sys.version.split()[0]), ("host", socket.gethostname()),
             ("platform", platform.platform()))
 

@@ -102,11 +102,18 @@ def test_pretrain_refuses_a_blank_out(tmp_path, capsys, monkeypatch):
 
 
 # --------------------------------------------------------------- resume
-def test_a_resume_refuses_a_model_that_changed(tmp_path):
+@pytest.mark.parametrize("started_with", [None, "4.0.0"])
+def test_a_resume_refuses_a_model_that_changed(started_with, tmp_path):
+    # started_with: the transformers version metadata.json says the run started with (None:
+    # this one); a new version may read the same file into other weights, and the refusal says so
     model = make_tiny_model(tmp_path / "model")
     out = tmp_path / "run"
     rlhf(cfg(model, out, iterations=1))
-    assert len(json.loads((out / "metadata.json").read_text())["model_sha256"]) == 64
+    meta = json.loads((out / "metadata.json").read_text())
+    assert len(meta["model_sha256"]) == 64
+    if started_with is not None:
+        meta["packages"]["transformers"] = started_with
+        (out / "metadata.json").write_text(json.dumps(meta))
     (out / "config.yaml").write_text((out / "config.yaml").read_text()
                                      .replace("iterations: 1", "iterations: 2"))
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)  # the run, now of 2 iterations
@@ -119,8 +126,9 @@ def test_a_resume_refuses_a_model_that_changed(tmp_path):
         next(lm.parameters())[0, 0] += 1e-3  # one weight moved: another model
     lm.save_pretrained(model)
     before = md5(out / "checkpoint.pt")
-    with pytest.raises(ResumeError, match=r"model=.*is not the model this run started from"):
+    with pytest.raises(ResumeError, match=r"model=.*is not the model this run started from") as e:
         resume_rlhf(out)
+    assert ("transformers was 4.0.0 at the start" in str(e.value)) == (started_with is not None)
     assert md5(out / "checkpoint.pt") == before
     assert "not the model" in json.loads((out / "status.json").read_text())["error"]
 
