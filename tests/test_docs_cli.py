@@ -86,6 +86,11 @@ def _check_train(argv: list[str]) -> None:
     from klppo.cli.train import parse_train
 
     parsed = parse_train(argv)
+    if "--marl.overrides" in argv:  # each policy's config is checked against the env's agents
+        pytest.importorskip("pettingzoo")
+        from klppo.rl.marl.spec import check_multiagent
+
+        check_multiagent(parsed)
     if "--resume" in argv:
         run_dir = getattr(parsed, "run_dir", parsed)  # a Resume with --total-steps
         assert run_dir == argv[argv.index("--resume") + 1]

@@ -172,5 +172,5 @@ def _check_applies(cfg: Any) -> None:
                    "ppo.early_stop minibatch or epoch (a controller's target is kl.target)")
     if not objective.uses_beta and cfg.kl.controller != "fixed":
         raise _bad("kl.controller", cfg.kl.controller, f"objective={cfg.objective!r} uses no "
-                   f"beta, so no controller would act (a beta objective: kl_penalty, "
-                   f"clip_kl, ...)")
+                   f"beta, so no controller would act: set kl.controller fixed too, or a beta "
+                   f"objective (kl_penalty, clip_kl, ...)")
