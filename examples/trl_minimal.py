@@ -3,21 +3,27 @@
     klppo lm pretrain --out runs/lm/base     # or any Hugging Face causal-LM directory
     python examples/trl_minimal.py runs/lm/base
 
-About 40 s on the development machine's CPU: 200 GRPO steps. The PID rule gets gains relative
+About 25 s on the development machine's CPU: 200 GRPO steps. The PID rule gets gains relative
 to the target (kp = 1 / target, ki = 0.15 / target: beta per nat of KL), what held SmolLM2-135M
 at its target in GRPO from a weak and a strong start (docs/results/trl-grpo-smollm2-pid). The
 learning rate matters as much as beta: with Adam at 1e-3
 the policy moves so far per step that even beta = 10 leaves this model at about 0.25 nats per
 token, five times the target (docs/algorithms.md, "Can beta hold the KL?").
 """
+import os
 import sys
 import warnings
 
-from datasets import Dataset
-from transformers import PrinterCallback
-from trl import GRPOConfig, GRPOTrainer
+# nothing leaves this machine: TRL's trainers report their use to huggingface.co when they are
+# made, unless told not to (read when huggingface_hub is imported, so before the imports below)
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from klppo.integrations.trl import attach
+from datasets import Dataset  # noqa: E402
+from transformers import PrinterCallback  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from klppo.integrations.trl import attach  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notes
 

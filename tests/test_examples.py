@@ -115,15 +115,29 @@ def test_trl_minimal_drives_beta_with_a_controller(tmp_path):
     """examples/trl_minimal.py as its docstring runs it (on a tiny local model): GRPO trains
     200 steps and the last line sets the second-half KL beside the target."""
     pytest.importorskip("trl")
+    import os
     import subprocess
     import sys
 
     from tests.lm.conftest import make_tiny_model
 
     model = make_tiny_model(tmp_path / "model")
+    # nothing may leave the machine (TRL's trainers report their use to huggingface.co unless
+    # told not to): a name lookup is recorded and refused
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    (spy / "sitecustomize.py").write_text(
+        "import socket\n"
+        "def _refuse(host, *a, **k):\n"
+        f"    open({str(tmp_path / 'lookups')!r}, 'a').write(str(host) + '\\n')\n"
+        "    raise OSError('no network in this test')\n"
+        "socket.getaddrinfo = _refuse\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(spy), str(ROOT), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, str(EXAMPLES / "trl_minimal.py"), str(model)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert not (tmp_path / "lookups").exists(), (tmp_path / "lookups").read_text()
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("second-half KL ")]
     assert "nats/token against the target 0.05" in line and "after 200 steps" in line
     assert float(line.split()[2]) >= 0  # (the test's tiny model need not reach the target)

@@ -234,13 +234,13 @@ def run_and_summarise(spec, out: str, backend: Backend, workers: int | None,
     batched = sum(len(g) for g in groups if len(g) > 1)
     how = (f"backend {backend}, {n} runs in {len(groups)} group(s): {batched} sharing a "
            f"process, {n - batched} alone")
-    print(f"sweep: {n} runs into {out} ({how})", flush=True)
     # the runs of the first groups start together and, grouped, end together: no ETA before
     progress = SweepProgress(n, _already_finished(plans, out),
                              wave=sum(len(g) for g in groups[:worker_count(workers)]))
-    try:
+    try:  # the first line once the sweep's checks passed: a refused sweep prints its reason only
         res = run_sweep(spec, out, backend=backend, workers=workers, on_done=progress,
-                        max_runs=limit, group_size=group_size)
+                        max_runs=limit, group_size=group_size,
+                        on_start=lambda: print(f"sweep: {n} runs into {out} ({how})", flush=True))
     finally:
         progress.close()
     code = _summary(res, out)

@@ -53,11 +53,14 @@ class Progress(Closes):
     objective without a controller beta) shows ``beta -``."""
 
     def __init__(self, total: int, uses_beta: bool = True, file=None,
-                 now=time.perf_counter) -> None:
+                 now=time.perf_counter, header: list[str] | None = None) -> None:
         self.total = total
         self.uses_beta = uses_beta
         self.bar = Bar(total, file=file, now=now)
         self.eval: float | None = None  # the last evaluation's return (eval_every)
+        #: lines printed before the first iteration's, once the run has passed every check
+        #: (a refusal is then the only line of a command that does not start)
+        self.header = list(header or [])
 
     def parts(self, m: dict[str, Any]) -> list[Part]:
         it, n = m["iteration"], self.total
@@ -73,14 +76,14 @@ class Progress(Closes):
         self.eval = m.get("eval_return_mean", self.eval)
         evaluated = [] if self.eval is None else [Part.of(6, f"eval {self.eval:.1f}")]
         return head + [Part.of(6, f"return {ret_s}", f"ret {ret_s}", shorten=4), *evaluated,
-                       Part.of(5, f"kl {m['kl_rollout']:.4f}"),
+                       Part.of(5, f"kl {m['kl_rollout']:.4f} nats"),
                        Part.of(7, f"kill {m.get('frac_kill', math.nan):.3f}"),
                        Part.of(7, f"beta {beta}")] + tail
 
     @staticmethod
     def _policy(m: dict[str, Any], p: str) -> Part:
         ret = _num(m.get(f"{p}/episode_return_mean"), ".1f")
-        kl, beta = f"kl {m[f'{p}/kl_rollout']:.4f}", f"beta {m[f'{p}/beta']:.4g}"
+        kl, beta = f"kl {m[f'{p}/kl_rollout']:.4f} nats", f"beta {m[f'{p}/beta']:.4g}"
         return Part.of(6, f"{p}: return {ret} {kl} {beta}", f"{p}: ret {ret} {beta}",
                        f"{p}: {beta}", shorten=4)
 
@@ -89,6 +92,9 @@ class Progress(Closes):
         return "  ".join(p.forms[0] for p in self.parts(m))
 
     def __call__(self, m: dict[str, Any]) -> None:
+        for text in self.header:
+            self.bar.print(text)
+        self.header = []
         self.bar.update(m["iteration"], self.parts(m))
 
     def print(self, text: str) -> None:
@@ -113,13 +119,14 @@ def announce_rounding(cfg) -> str | None:
             f"{cfg.batch_size:,}: the run will do {n:,} iterations = {n * cfg.batch_size:,} steps")
 
 
-def _progress(cfg) -> Progress:
+def _progress(cfg, header: tuple[str, ...] = ()) -> Progress:
+    """The progress display of ``cfg``'s run; ``header`` and the rounding note come before the
+    first iteration's line (after every check, so a refusal stays one line)."""
     from klppo.core.objectives import OBJECTIVES
 
     note = announce_rounding(cfg)
-    if note is not None:
-        print(note, flush=True)
-    return Progress(cfg.num_iterations, uses_beta=OBJECTIVES[cfg.objective].uses_beta)
+    return Progress(cfg.num_iterations, uses_beta=OBJECTIVES[cfg.objective].uses_beta,
+                    header=[*header, *([note] if note is not None else [])])
 
 
 def _load_base(known: argparse.Namespace):
@@ -240,8 +247,7 @@ def _start(cfg):
         run_dir, total, lr_plan = (cfg, None, "replan") if isinstance(cfg, str) else \
             (cfg.run_dir, cfg.total_steps, cfg.lr_plan)
         plan = plan_resume(run_dir, total)
-        print(_resuming(run_dir, plan.num_iterations), flush=True)
-        with _progress(plan) as progress:
+        with _progress(plan, (_resuming(run_dir, plan.num_iterations),)) as progress:
             return resume(run_dir, on_iteration=progress, total_steps=total, lr_plan=lr_plan)
     with _progress(cfg) as progress:
         return train(cfg, on_iteration=progress)

@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-__all__ = ["UpdateInfo", "KLController"]
+__all__ = ["UpdateInfo", "KLController", "BoundWatch"]
 
 
 @dataclass(frozen=True)
@@ -227,3 +227,27 @@ class KLController:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(beta={self._beta:.6g}, target={self.target})"
+
+
+class BoundWatch:
+    """Which bound of beta a controller presses on (``UpdateInfo.at_bound``, one update at a
+    time), and whether it has now pressed on it for ``need`` updates in a row for the first
+    time (then the caller says so, once per bound): a noisy KL that dips past the target for an
+    update or two is no sign the target is out of reach."""
+
+    def __init__(self) -> None:
+        self.bound: str | None = None
+        self.since = 0  # the step or iteration it started pressing on ``bound``
+        self.count = 0
+        self.warned: set[str] = set()
+
+    def see(self, bound: str | None, at: int, need: int) -> bool:
+        if bound != self.bound:
+            self.bound, self.since, self.count = bound, at, 0
+        if bound is None:
+            return False
+        self.count += 1
+        if self.count >= need and bound not in self.warned:
+            self.warned.add(bound)
+            return True
+        return False

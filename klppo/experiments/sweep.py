@@ -205,8 +205,11 @@ def run_sweep(
     stop: SweepStop | None = None,
     max_runs: int = MAX_RUNS,
     group_size: int | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> SweepResult:
     """Run every run of ``spec`` under ``sweep_dir``; idempotent, crash-isolated, stoppable.
+    ``on_start`` is called once every check has passed and the directory is open, before the
+    first run starts.
 
     The runs that can share a group train together, one group per worker and shape
     (:mod:`klppo.experiments.batching`: at most ``group_size`` runs each when given;
@@ -232,6 +235,8 @@ def run_sweep(
     try:
         entries = _prepare(sweep_dir, planned)
         _write_index(sweep_dir, entries)
+        if on_start is not None:
+            on_start()
         by_name = {e.name: e for e in entries}
 
         def update(name: str, res: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from klppo.core.advantages import gae
+from klppo.core.controller_base import BoundWatch
 from klppo.core.controllers import RUN_HORIZON_FRACTION, make_controller
 from klppo.core.covariance import ClipCov
 from klppo.core.kl import per_sequence_sum, per_token_mean
@@ -102,7 +103,7 @@ class Experiment:
                             value_clip=cfg.value_clip, normalize_advantage="none",
                             knobs=objective_knobs(cfg))
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        self._bound_warned = False
+        self._bounds = BoundWatch()
         if cfg.cov_selection == "random":  # Clip-Cov's uniform draw, checkpointed with gen
             assert isinstance(self.loss.policy, ClipCov)  # validate_rlhf: clip_cov only
             self.loss.policy.generator = self.gen
@@ -306,20 +307,19 @@ class Experiment:
                     ", set hold_limit, or run without hold" if held else "")
 
     def warn_bound(self, it: int) -> None:
-        """Say once when the rule first asks for a beta past ``beta_max`` / ``beta_min`` (the
-        target is out of reach within the bounds; the metrics' at_bound column has each
-        iteration); not for ``beta_min`` before the KL first reaches the target (it starts at
-        0: a rule without a hold lowers beta while the KL ramps up, as it should)."""
-        info = self.ctrl.info
-        if info is None or not info.at_bound or self._bound_warned:
-            return
-        if info.at_bound == "beta_min" and not self.ctrl.reached:
-            return
-        self._bound_warned = True
-        log.warning("iteration %d: the %s rule asks for a beta past %s = %g: the KL target "
-                    "%g (%s) is out of reach within the bounds (KL %.4g)", it,
-                    self.cfg.controller, info.at_bound, getattr(self.cfg, info.at_bound),
-                    self.cfg.target, self.cfg.kl_unit, info.observed)
+        """Say once per bound when the rule has asked for a beta past it for a tenth of the run
+        in a row (at least 3 iterations); not ``beta_min`` before the KL first reaches the
+        target (the KL starts at 0: a rule without a hold lowers beta while it ramps up)."""
+        info, need = self.ctrl.info, max(3, self.cfg.iterations // 10)
+        bound = info.at_bound if info is not None else None
+        if bound == "beta_min" and not self.ctrl.reached:
+            bound = None
+        if self._bounds.see(bound, it, need) and info is not None and bound is not None:
+            log.warning("iteration %d: the %s rule has asked for a beta past %s = %g for %d "
+                        "iterations in a row: within its bounds beta cannot move the KL to its "
+                        "target %g (%s) meanwhile (KL %.4g)", it, self.cfg.controller, bound,
+                        getattr(self.cfg, bound), need, self.cfg.target, self.cfg.kl_unit,
+                        info.observed)
 
     def metrics(self, it: int, beta: float, measured: float, b: dict[str, Any],
                 responses: torch.Tensor) -> dict[str, Any]:

@@ -5,7 +5,9 @@ all once, early, and raises :class:`~klppo.runs.errors.ConfigError` naming the f
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from typing import Any, get_args
 
 from klppo.core.controllers import (
@@ -212,8 +214,17 @@ def _validate_kl(cfg: TrainConfig) -> None:
     try:  # the controller validates its own options (names the bad one)
         make_controller(k.controller, **k.controller_options())
     except ValueError as e:
-        raise ConfigError(f"kl: {e}") from None
+        raise ConfigError(_controller_error(k, str(e))) from None
     _check_proportional_step(cfg)
+
+
+def _controller_error(k: Any, message: str) -> str:
+    """A controller's refusal of an option (``Owner: NAME must ..., got NAME=VALUE``) as the
+    config field's (``kl.NAME=VALUE: must ... (Owner)``) when NAME is a field of ``kl``."""
+    m = re.fullmatch(r"(\w+): (\w+) (must .*), got \2=(.*)", message)
+    if m is None or m.group(2) not in {f.name for f in dataclasses.fields(k)}:
+        return f"kl: {message}"
+    return f"kl.{m.group(2)}={m.group(4)}: {m.group(3)} ({m.group(1)})"
 
 
 def _check_proportional_step(cfg: TrainConfig) -> None:

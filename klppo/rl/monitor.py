@@ -16,17 +16,21 @@ class ExplosionMonitor:
     ``check(m)`` returns one message per problem: a watched metric more than ``factor`` times
     the median of its last ``window`` values; a value loss more than ``factor`` times the mean
     square of its targets (``value_target_rms``, at least 1), which no working critic reaches;
-    a rollout KL above ``max_kl`` nats per sample (a policy that left any trust region). The
-    typical cause is a learning rate that is far too high. The history
+    a rollout KL above ``max_kl`` nats per sample (a policy that left any trust region). A KL
+    jump counts only above ``min_kl`` nats per sample. The typical cause is a learning rate
+    that is far too high. The history
     comes from the metrics themselves, so a resumed run warns exactly where the uninterrupted
     one would (:meth:`seed` replays the kept records).
     """
 
     def __init__(self, keys: tuple[str, ...] = ("value_loss", "kl_rollout"),
                  factor: float = 1000.0, window: int = 10, min_history: int = 3,
-                 max_kl: float = 10.0) -> None:
+                 max_kl: float = 10.0, min_kl: float = 0.05) -> None:
         self.keys, self.factor, self.min_history = keys, factor, min_history
         self.max_kl = max_kl
+        #: a KL jump counts only above this (nats per sample): from a learning rate annealed to
+        #: almost 0, a run extended with a new total goes from 1e-6 to a healthy 0.005
+        self.min_kl = min_kl
         self.warned: set[str] = set()  # one warning per metric and kind in a process
         self.history: dict[str, deque[float]] = {k: deque(maxlen=window) for k in keys}
 
@@ -63,12 +67,14 @@ class ExplosionMonitor:
             if not isinstance(v, (int, float)) or len(hist) < self.min_history:
                 continue
             ref = hist[len(hist) // 2]
-            if ref > 0 and abs(v) > self.factor * ref:
+            kl = k == "kl_rollout"
+            if ref > 0 and abs(v) > self.factor * ref and (not kl or abs(v) > self.min_kl):
+                unit = " nats per sample" if kl else ""
                 out.append(f"rel:{k}",
-                           f"iteration {m.get('iteration')}: {k} = {v:.3g} is "
+                           f"iteration {m.get('iteration')}: {k} = {v:.3g}{unit} is "
                            f"{abs(v) / ref:.3g}x its median over the last {len(hist)} "
-                           f"iterations ({ref:.3g}); the update is diverging (learning rate too "
-                           f"high?)")
+                           f"iterations ({ref:.3g}{unit}); the update is diverging (learning "
+                           f"rate too high?)")
         self._push(m)
         return out.messages
 

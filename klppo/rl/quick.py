@@ -13,6 +13,7 @@ starts from a named preset. The run is a normal run directory (``out``, or one k
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,14 @@ def _sections() -> dict[str, set[str]]:
     return out
 
 
+def _unknown(key: str, top: set[str], sections: dict[str, set[str]]) -> str:
+    """Why ``key`` is refused: no setting has that name; the nearest names, if any."""
+    names = top | {n for ns in sections.values() for n in ns}
+    near = difflib.get_close_matches(key, sorted(names), n=3)
+    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    return f"not a setting of klppo train ({hint}`klppo train --help` lists them)"
+
+
 def nested(settings: dict[str, Any]) -> dict[str, Any]:
     """Keyword settings -> the nested mapping :func:`~klppo.rl.config.from_dict` takes: a
     top-level field or a section (a mapping) as it is, any other name in the one section that
@@ -145,8 +154,7 @@ def nested(settings: dict[str, Any]) -> dict[str, Any]:
         owners = sorted(s for s, names in sections.items() if key in names)
         if len(owners) != 1:
             why = (f"in several sections ({', '.join(f'{s}.{key}' for s in owners)}): pass "
-                   f"{owners[0]}={{{key!r}: ...}}" if owners else
-                   "not a setting of klppo train (docs/cli.md lists them)")
+                   f"{owners[0]}={{{key!r}: ...}}" if owners else _unknown(key, top, sections))
             raise ConfigError(f"{key}={value!r}: {why}")
         out.setdefault(owners[0], {})[key] = value
     return out

@@ -219,3 +219,33 @@ def test_a_kl_that_never_reaches_its_target_is_named_once_and_the_ramp_is_no_bou
     assert len(said) == 1 and "has not reached its target 50 in a quarter of the run" in said[0]
     assert ("held at its start" in said[0]) is (controller == "proportional")
     assert trainer.beta == (1e-4 if controller == "pid" else start)  # the floor, or held
+
+
+def test_a_bound_is_named_once_when_pressed_on_for_a_tenth_of_the_run_in_a_row():
+    from klppo.core.controller_base import BoundWatch
+
+    w = BoundWatch()
+    # a noisy KL dips under the target for an update or two: no warning
+    seen = [w.see(b, step, 3) for step, b in enumerate(
+        [None, "beta_min", "beta_min", None, "beta_min", None], start=1)]
+    assert seen == [False] * 6
+    # pressed on for 3 updates in a row: one warning, naming when it started; not again
+    seen = [w.see("beta_min", step, 3) for step in range(7, 13)]
+    assert seen == [False, False, True, False, False, False] and w.since == 7
+    assert [w.see(None, 13, 3), w.see("beta_min", 14, 3)] == [False, False]
+    assert [w.see("beta_max", s, 3) for s in (15, 16, 17)] == [False, False, True]
+
+
+def test_a_bound_the_controller_keeps_pressing_on_is_named_once(lm_dir, tmp_path):
+    import warnings
+
+    from klppo.integrations.trl.callback import ControllerBoundWarning
+
+    trainer = make_trainer("grpo", lm_dir, tmp_path, max_steps=8)
+    attach(trainer, "pid", unit="per_token_mean", target=1e-9, beta_max=trainer.beta)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.train()
+    said = [str(w.message) for w in seen if issubclass(w.category, ControllerBoundWarning)]
+    assert len(said) == 1 and "beyond beta_max=0.1 for 3 updates in a row" in said[0], said
+    assert trainer.beta == 0.1

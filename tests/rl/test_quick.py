@@ -65,7 +65,8 @@ def test_a_class_from_main_gets_a_process_local_id():
 
 @pytest.mark.parametrize("settings, message", [
     ({"eps": 3}, r"^ppo\.eps=3\.0: must be in \(0, 1\)"),
-    ({"nope": 1}, r"^nope=1: not a setting of klppo train"),
+    ({"nope": 1}, r"^nope=1: not a setting of klppo train \(`klppo train --help` lists"),
+    ({"lrr": 1e-3}, r"^lrr=0\.001: not a setting of klppo train \(did you mean lr\? "),
     ({"ppo": {"nope": 1}}, r"nope"),
 ])
 def test_bad_settings_get_one_line_before_any_directory(tmp_path, settings, message):

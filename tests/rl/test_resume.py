@@ -170,6 +170,27 @@ def test_second_writer_gets_one_line_naming_the_holder(tmp_path, capsys):
     assert not (out / "metrics.jsonl").exists()
 
 
+def test_a_refused_resume_prints_its_refusal_alone(tmp_path, capsys):
+    # "resuming RUN from iteration K of N" comes with the first iteration's line, after every
+    # check: a run in use prints the refusal and nothing on stdout
+    out = tmp_path / "r"
+    assert main([*cli_args("cartpole", out), "--total-steps", "1024"]) == 0
+    capsys.readouterr()
+    with DirLock(out):
+        assert main(["train", "--resume", str(out), "--total-steps", "2048"]) == 2
+    res = capsys.readouterr()
+    assert res.out == "" and "in use by pid" in res.err and len(res.err.splitlines()) == 1
+    assert main(["train", "--resume", str(out), "--total-steps", "2048"]) == 0
+    assert capsys.readouterr().out.startswith(f"resuming {out} from iteration 2 of 4\n")
+
+
+def test_a_refused_env_prints_no_rounding_note_first(tmp_path, capsys):
+    # the default total (100,000) is no whole number of rollouts: its note waits for the run
+    assert main(["train", "--env", "CartPole-v2", "--out", str(tmp_path / "r")]) == 2
+    res = capsys.readouterr()
+    assert res.out == "" and len(res.err.splitlines()) == 1 and "CartPole-v2" in res.err
+
+
 def test_default_run_names_never_collide(tmp_path):
     a = create_run_dir(tmp_path / "CartPole__clip__0__20260101-000000", unique=True)
     b = create_run_dir(tmp_path / "CartPole__clip__0__20260101-000000", unique=True)
@@ -343,3 +364,20 @@ def test_a_run_stopped_before_its_first_checkpoint_restarts_and_equals_the_whole
     with pytest.raises(rl.ResumeError, match="checkpoint.pt: missing, but metrics.jsonl holds "
                                              "iteration 4"):
         rl.resume(gone)
+
+
+def test_a_healthy_kl_after_an_annealed_one_is_no_divergence():
+    # a run extended with a new total: the lr annealed to ~0 gave KLs of 4e-6, the replanned
+    # one a healthy 0.0044 (1000x): no warning; a jump to a KL that is not healthy still warns,
+    # in nats per sample
+    from klppo.rl.monitor import ExplosionMonitor
+
+    mon = ExplosionMonitor()
+    for i in range(10):
+        assert mon.check({"iteration": i + 1, "kl_rollout": 4.29e-6}) == []
+    assert mon.check({"iteration": 11, "kl_rollout": 0.00444}) == []
+    mon = ExplosionMonitor()
+    for i in range(10):
+        mon.check({"iteration": i + 1, "kl_rollout": 4.29e-5})
+    (w,) = mon.check({"iteration": 11, "kl_rollout": 0.2})
+    assert "kl_rollout = 0.2 nats per sample is" in w and "(4.29e-05 nats per sample)" in w

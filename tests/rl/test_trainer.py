@@ -194,6 +194,11 @@ def test_config_validation_and_overlay():
     with pytest.raises(ConfigError, match=r"kl: .*horizon"):
         validate(dataclasses.replace(rl.TrainConfig(), objective="kl_penalty",
                                      kl=rl.config.KLConfig(controller="step", horizon=10)))
+    # a controller's refusal of one of its options names the config field
+    with pytest.raises(ConfigError,
+                       match=r"^kl\.target=-0\.01: must be finite and > 0 \(StepKL\)$"):
+        validate(dataclasses.replace(rl.TrainConfig(), objective="kl_penalty",
+                                     kl=rl.config.KLConfig(controller="step", target=-0.01)))
     with pytest.raises(ConfigError, match="unknown config field"):
         from_dict({"ppo": {"learning_rate": 1}})
     with pytest.raises(ConfigError, match="preset='klip/pong'"):

@@ -15,6 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from klppo.core.controller_base import BoundWatch
 from klppo.core.controllers import (
     KLController,
     ProportionalKL,
@@ -41,6 +42,7 @@ class ControllerBoundWarning(UserWarning):
 PREFIX = "klppo/"
 
 
+
 class KLControlCallback(TrainerCallback):
     """Feeds ``controller`` the trainer's KL in ``unit`` and writes the new beta into the
     trainer. Build it with :func:`attach`, which checks everything first.
@@ -60,7 +62,7 @@ class KLControlCallback(TrainerCallback):
         self.trainer, self.controller, self.unit, self.spec = trainer, controller, unit, spec
         self.tap = tap
         self.auto_horizon = auto_horizon
-        self._at_bound: str | None = None
+        self._bounds = BoundWatch()
         self._quarter_warned = False
         self.penalised_unit = penalised_unit(spec, trainer.args)
         self.history: list[dict[str, Any]] = []
@@ -84,7 +86,7 @@ class KLControlCallback(TrainerCallback):
         if not logs or "loss" not in logs:  # evaluation logs and the end-of-training summary
             return
         rec = self._update(args, state, logs)
-        self._warn_at_bound(rec)
+        self._warn_at_bound(rec, args, state)
         self._warn_not_reached(rec, state)
         numbers = {f"{PREFIX}{k}": rec[k] for k in ("kl", "kl_penalised", "kl_target", "beta",
                                                     "beta_next",
@@ -131,23 +133,26 @@ class KLControlCallback(TrainerCallback):
                  "move by a factor of 20 in a quarter of the run)", ctrl.horizon, updates,
                  self._samples_per_update(args))
 
-    def _warn_at_bound(self, rec: dict[str, Any]) -> None:
-        """One warning each time the controller starts pressing on a bound of beta; not for
-        ``beta_min`` before the KL first reaches the target (the KL to the reference starts at
-        0: a rule without a hold lowers beta to its floor while the KL ramps up, as it should;
-        :meth:`_warn_not_reached` says when that lasts)."""
+    def _warn_at_bound(self, rec: dict[str, Any], args: Any, state: Any) -> None:
+        """One warning per bound of beta, when the controller has pressed on it for a tenth of
+        the run's updates in a row (at least 3): a noisy KL that dips under the target for an
+        update or two is no sign the target is out of reach. Not for ``beta_min`` before the KL
+        first reaches the target (the KL to the reference starts at 0: a rule without a hold
+        lowers beta to its floor while the KL ramps up, as it should; :meth:`_warn_not_reached`
+        says when that lasts)."""
         bound = {1: "beta_max", -1: "beta_min"}.get(rec.get("at_bound") or 0)
         if bound == "beta_min" and not self.controller.reached:
             bound = None
-        if bound is not None and bound != self._at_bound:
+        need = max(3, self._updates(args, state) // 10)
+        if self._bounds.see(bound, rec["step"], need) and bound is not None:
             value = getattr(self.controller, bound)
             warnings.warn(
-                f"klppo: step {rec['step']}: the controller asks for beta beyond {bound}="
-                f"{value:g} (KL {rec['kl']:.4g} against the target {rec['kl_target']:g} "
-                f"{self.unit}): the target is out of reach within the bounds; widen {bound} "
-                "or change the target or the learning rate (docs/algorithms.md)",
-                ControllerBoundWarning, stacklevel=2)
-        self._at_bound = bound
+                f"klppo: step {rec['step']}: the controller has asked for beta beyond {bound}="
+                f"{value:g} for {need} updates in a row, since step {self._bounds.since} (KL "
+                f"{rec['kl']:.4g} against the target {rec['kl_target']:g} {self.unit}): "
+                f"within its bounds beta cannot move the KL to the target meanwhile; if this "
+                f"lasts, widen {bound} or change the target or the learning rate "
+                "(docs/algorithms.md)", ControllerBoundWarning, stacklevel=2)
 
     def _warn_not_reached(self, rec: dict[str, Any], state: Any) -> None:
         """One warning when a quarter of the run has passed and the KL has never reached the
