@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
                    help="a multi-agent run's policy: replay its trace (its NAME/ columns and "
                         "NAME/kl_target); required for a multi-agent run")
     p.add_argument("--target", type=float,
-                   help="target KL (default: the run's, else 0.02); a named step preset "
+                   help="target KL in the run's unit (nats per sample for a klppo train run; "
+                        "default: the run's, else 0.02); a named step preset "
                         "(step:preset=rllib) keeps its own unless its spec sets target=")
     p.add_argument("--controller", nargs="+", metavar="SPEC",
                    help="e.g. step:preset=rllib proportional:beta=1,horizon=10 (default: one "

