@@ -195,7 +195,7 @@ def resume_rlhf(run_dir: str | Path, reward: RewardFn | None = None,
             exp = _restore(run_dir, reward)
         except BaseException as e:
             if isinstance(e, Exception):
-                R.write_status(run_dir, "failed", error=_one_line(e), iteration=0)
+                R.write_refused(run_dir, _one_line(e))
             lock.release()
             raise
         if exp is None:  # the checkpoint is of the last iteration: nothing to run

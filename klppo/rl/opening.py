@@ -225,9 +225,10 @@ def open_existing(run_dir: Path, cfg: TrainConfig, threads: dict[str, Any],
 
 
 def _refuse(run_dir: Path, lock: R.DirLock, error: Exception) -> NoReturn:
-    """End a resume that cannot go on: status 'failed' with the reason, the lock released."""
+    """End a resume that cannot go on: status 'failed' with the reason (and the iterations
+    the run's last status recorded: the checkpoint is untouched), the lock released."""
     try:
-        R.write_status(run_dir, "failed", error=str(error), iteration=0)
+        R.write_refused(run_dir, str(error))
     finally:
         lock.release()
     raise error

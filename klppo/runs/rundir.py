@@ -40,7 +40,8 @@ from klppo.runs.paths import check_writable
 
 __all__ = ["DirBusyError", "DirLock", "default_run_name", "create_run_dir",
            "remove_stale_temp_files", "write_metadata", "record_resume", "write_yaml",
-           "read_yaml", "write_json_atomic", "write_status", "read_status", "atomic_write_bytes"]
+           "read_yaml", "write_json_atomic", "write_status", "read_status", "atomic_write_bytes",
+           "write_refused"]
 
 
 def default_run_name(env: str, objective: str, seed: int) -> str:
@@ -369,6 +370,18 @@ def _overwrite_in_place(path: Path, record: dict[str, Any]) -> None:
         f.write(data.ljust(room)[:room].encode())
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_refused(run_dir: Path, error: str) -> None:
+    """``status.json`` of a resume refused before it ran: 'failed' with the reason, and the
+    iterations the run's last status recorded (its checkpoint is untouched; 0 when unknown)."""
+    try:
+        prev = read_status(run_dir)
+    except OSError:  # a folder named status.json: the write below says so
+        prev = None
+    kept = {k: prev[k] for k in ("iteration", "checkpoint_iteration")
+            if isinstance(prev, dict) and type(prev.get(k)) is int}
+    write_status(run_dir, "failed", error=error, **{"iteration": 0, **kept})
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:

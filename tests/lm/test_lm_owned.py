@@ -239,3 +239,14 @@ def test_an_arm_continues_when_the_comparison_is_named_another_way(tiny_model_di
     res = run_compare(configs, str(tmp_path / "cmp"), workers=1)  # --out spelled absolutely
     assert res["fixed_weak__0"] == ("finished", None), res
     assert (md5(arm / "checkpoint.pt"), (arm / "metrics.jsonl").read_text()) == before
+
+
+def test_a_refused_resume_keeps_the_run_s_iteration_in_its_status(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    rlhf(cfg(tiny_model_dir, out))
+    (out / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ResumeError):
+        resume_rlhf(out)
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "failed" and status["iteration"] == 2  # was 0
+    assert status["checkpoint_iteration"] == 2

@@ -272,6 +272,10 @@ def test_a_resume_of_mismatched_files_is_refused_in_one_line(case, runs, tmp_pat
     shutil.copytree(runs["base"], run)
     damage(run, runs)
     before = _snapshot(run)
+    try:
+        was = json.loads((run / "status.json").read_text())["iteration"]
+    except (OSError, ValueError, KeyError, TypeError):
+        was = 0
     capsys.readouterr()
     assert run_main(["train", "--resume", str(run)]) == 2
     err = capsys.readouterr().err
@@ -284,6 +288,7 @@ def test_a_resume_of_mismatched_files_is_refused_in_one_line(case, runs, tmp_pat
         return
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "failed" and status["error"] == lines[0][len("klppo train: "):]
+    assert status["iteration"] == (was if type(was) is int else 0)  # the run's, kept
 
 
 @pytest.mark.parametrize("change", [{"checkpoint_every": 3}, {"tensorboard": True},
