@@ -59,10 +59,11 @@ class TuneProgress:
     """A line per trial (its state, value, values, the best so far, the ETA) and, on a
     terminal, a bar under them."""
 
-    def __init__(self, total: int, done: int) -> None:
+    def __init__(self, total: int, done: int,
+                 best: tuple[float, int] | None = None) -> None:
         self.total, self.done = total, done
         self.bar = Bar(max(1, total - done), every=1, eta_from_first=False)
-        self.best: tuple[float, int] | None = None
+        self.best = best  # (value, trial) of the earlier invocations', then of all
         self.seen = 0
 
     def __call__(self, t) -> None:
@@ -112,7 +113,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     optuna.logging.disable_default_handler()  # klppo prints a line per trial itself
     optuna.logging.enable_propagation()
     logging.getLogger("optuna").setLevel(logging.WARNING)
-    progress = TuneProgress(spec.trials, _trials_so_far(args.out))
+    progress = TuneProgress(spec.trials, *_trials_so_far(args.out))
     try:
         notes = spec.invalid_draws()  # a space none of whose values is valid: refused here
         print(f"tune: {spec.trials} trials into {args.out} ({spec.sampler} sampler, "
@@ -130,17 +131,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return _summary(res, args)
 
 
-def _trials_so_far(out: str) -> int:
-    """Trials an earlier invocation finished (read from OUT/index.json; 0 when none)."""
+def _trials_so_far(out: str) -> tuple[int, tuple[float, int] | None]:
+    """The trials an earlier invocation finished and the best of them, ``(value, number)``
+    (read from OUT/index.json; ``(0, None)`` when none)."""
     import json
     from pathlib import Path
 
     try:
-        index = json.loads((Path(out) / "index.json").read_text())
-        return sum(t.get("state") in ("complete", "pruned", "fail", "invalid")
-                   for t in index["trials"])
+        trials = json.loads((Path(out) / "index.json").read_text())["trials"]
+        done = sum(t.get("state") in ("complete", "pruned", "fail", "invalid") for t in trials)
+        best = max(((float(t["value"]), int(t["number"])) for t in trials
+                    if t.get("state") == "complete" and isinstance(t.get("value"), (int, float))
+                    and isinstance(t.get("number"), int)), key=lambda vn: vn[0], default=None)
+        return done, best
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return 0
+        return 0, None
 
 
 def _interrupted(args: argparse.Namespace, err: BaseException) -> int:

@@ -238,3 +238,24 @@ def test_a_space_with_no_valid_value_and_a_damaged_journal_are_one_line(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{out / 'study.journal'}: cannot be read as Optuna's journal" \
         in err[0]
+
+
+def test_a_continued_study_s_progress_names_the_best_of_every_trial(tmp_path, capsys):
+    # a study continued with more trials: the progress line's "best" counts the earlier
+    # invocations' trials (it named the new trials' best, then the summary another one)
+    import json
+    from types import SimpleNamespace
+
+    from klppo.cli.tune import TuneProgress, _trials_so_far
+
+    (tmp_path / "index.json").write_text(json.dumps({"trials": [
+        {"number": 0, "state": "complete", "value": 300.0},
+        {"number": 1, "state": "complete", "value": 497.4},
+        {"number": 2, "state": "pruned", "value": 500.0},
+        {"number": 3, "state": "complete", "value": 497.4}]}))
+    done, best = _trials_so_far(str(tmp_path))
+    assert (done, best) == (4, (497.4, 1))
+    progress = TuneProgress(5, done, best)
+    progress(SimpleNamespace(number=4, state="complete", value=279.19, error=None, params={}))
+    progress.close()
+    assert "best 497.40 (trial 1)" in capsys.readouterr().out
