@@ -397,7 +397,17 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
 def inside_owned(out: str | Path) -> str | None:
     """Why a new run may not be made at ``out`` (one line), or None: ``out`` lies inside what
     a run, sweep or study owns (``RUN/policy``, ``SWEEP/runs/NEW``). The CLI checks a user's
-    ``--out`` with it; a sweep or study makes its runs under its own ``runs/`` itself."""
-    from klppo.runs.owned import owned_reason
+    ``--out`` with it; a sweep or study makes its runs under its own ``runs/`` itself. A new
+    run inside another run's directory (``RUN/sub``) is refused too: its files would mix with
+    that run's and a report of it would read both."""
+    from klppo.runs.owned import kind_of, owned_reason
 
-    return owned_reason(out, (), "out")
+    reason = owned_reason(out, (), "out")
+    if reason is not None:
+        return reason
+    target = Path(out).resolve()
+    for parent in target.parents:
+        if kind_of(parent) == "run":
+            return (f"out={str(out)!r}: lies inside the run in {parent}; choose a path outside "
+                    f"the run directory")
+    return None

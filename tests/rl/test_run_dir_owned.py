@@ -135,3 +135,13 @@ def test_snapshot_bounds_smooth_and_never_replaces_a_report(base, tmp_path, caps
     assert {p: p.read_bytes() for p in (tmp_path / "rep").rglob("*") if p.is_file()} == before
     assert run_main(["snapshot", str(base), str(tmp_path / "snap")]) == 0
     assert run_main(["snapshot", str(base), str(tmp_path / "snap")]) == 0  # its own: again
+
+
+def test_a_new_run_inside_another_run_s_directory_is_refused(base, tmp_path, capsys):
+    run = _copy(base, tmp_path / "r")
+    before = tree(run)
+    assert run_main(["train", "--env", "CartPole-v1", "--total-steps", "512", "--out",
+                     str(run / "sub")]) == 2
+    assert_one_line_error(2, capsys.readouterr().err, 2, "train",
+                          ["lies inside the run in", "outside the run directory"])
+    assert tree(run) == before
