@@ -129,13 +129,13 @@ def _check_out(out: str, configs: dict) -> None:
     import yaml
 
     from klppo.experiments.rlhf_worker import PENDING
-    from klppo.runs.owned import kind_of, owned_reason
-    from klppo.runs.rundir import read_yaml
+    from klppo.runs.owned import kind_of
+    from klppo.runs.rundir import inside_owned, read_yaml
 
     held = kind_of(Path(out).resolve())
     if held is not None:
         raise FlagError(f"--out={out!r}: holds a {held}, not a comparison; choose another --out")
-    reason = owned_reason(out, (), "--out")
+    reason = inside_owned(out, "--out")
     if reason is not None:
         raise FlagError(reason)
     for name, cfg in configs.items():

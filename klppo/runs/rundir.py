@@ -394,7 +394,7 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def inside_owned(out: str | Path) -> str | None:
+def inside_owned(out: str | Path, flag: str = "out") -> str | None:
     """Why a new run may not be made at ``out`` (one line), or None: ``out`` lies inside what
     a run, sweep or study owns (``RUN/policy``, ``SWEEP/runs/NEW``). The CLI checks a user's
     ``--out`` with it; a sweep or study makes its runs under its own ``runs/`` itself. A new
@@ -402,12 +402,12 @@ def inside_owned(out: str | Path) -> str | None:
     that run's and a report of it would read both."""
     from klppo.runs.owned import kind_of, owned_reason
 
-    reason = owned_reason(out, (), "out")
+    reason = owned_reason(out, (), flag)
     if reason is not None:
         return reason
     target = Path(out).resolve()
     for parent in target.parents:
         if kind_of(parent) == "run":
-            return (f"out={str(out)!r}: lies inside the run in {parent}; choose a path outside "
-                    f"the run directory")
+            return (f"{flag}={str(out)!r}: lies inside the run in {parent}; choose a path "
+                    f"outside the run directory")
     return None
