@@ -171,3 +171,12 @@ def test_rlhf_controls_runs_every_arm_and_tabulates_the_mismatch(tmp_path):
     bf16 = next(r for r in rows if r.startswith("| bf16_tis "))
     assert bf16.split(" | ")[-2] != "-" and float(bf16.split(" | ")[-2]) > 0
     assert next(r for r in rows if r.startswith("| reward_k1 ")).split(" | ")[-2] == "-"
+
+
+def test_the_trl_tutorial_shows_trl_minimal_as_it_is():
+    """docs/tutorials/trl.md prints examples/trl_minimal.py without its docstring: the same."""
+    page = (ROOT / "docs" / "tutorials" / "trl.md").read_text()
+    shown = page.split("`examples/trl_minimal.py`, without its docstring:\n\n```py\n", 1)[1]
+    shown = shown.split("```", 1)[0]
+    body = (EXAMPLES / "trl_minimal.py").read_text().split('"""', 2)[2].lstrip("\n")
+    assert shown == body
