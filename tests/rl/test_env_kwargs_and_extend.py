@@ -231,3 +231,19 @@ def test_learning_rate_schedule_by_hand():
     for bad in ((10.0,), (0.0, 0.5), (20.0, 0.5), (3.5, 0.5), (5.0, 0.0), (5.0, 1.5)):
         with pytest.raises(ConfigError, match="lr_anneal_from"):
             rl.validate(dataclasses.replace(ext, lr_anneal_from=bad))
+
+
+def test_gymnasium_s_out_of_date_warning_comes_once_per_id(monkeypatch):
+    # the KLip-PPO presets run MuJoCo v4 on purpose; gymnasium warned at both makes of a run
+    import warnings
+
+    pytest.importorskip("mujoco")
+    from klppo.rl import envs
+
+    monkeypatch.setattr(envs, "_SAID_OUT_OF_DATE", set())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            envs.make_env("Hopper-v4").close()
+    said = [w for w in seen if "is out of date" in str(w.message)]
+    assert len(said) == 1 and "Hopper-v4" in str(said[0].message)
