@@ -58,8 +58,8 @@ class Progress(Closes):
         self.uses_beta = uses_beta
         self.bar = Bar(total, file=file, now=now)
         self.eval: float | None = None  # the last evaluation's return (eval_every)
-        #: lines printed before the first iteration's, once the run has passed every check
-        #: (a refusal is then the only line of a command that does not start)
+        #: lines printed by :meth:`start`, once the run has passed every check (a refusal is
+        #: then the only line of a command that does not start)
         self.header = list(header or [])
 
     def parts(self, m: dict[str, Any]) -> list[Part]:
@@ -91,10 +91,14 @@ class Progress(Closes):
         """The full line of ``m`` (what a log file gets), without the times."""
         return "  ".join(p.forms[0] for p in self.parts(m))
 
-    def __call__(self, m: dict[str, Any]) -> None:
+    def start(self) -> None:
+        """The run has passed every check and opened its directory: the header lines."""
         for text in self.header:
             self.bar.print(text)
         self.header = []
+
+    def __call__(self, m: dict[str, Any]) -> None:
+        self.start()  # (already printed, unless the run was started without on_start)
         self.bar.update(m["iteration"], self.parts(m))
 
     def print(self, text: str) -> None:
@@ -120,8 +124,8 @@ def announce_rounding(cfg) -> str | None:
 
 
 def _progress(cfg, header: tuple[str, ...] = ()) -> Progress:
-    """The progress display of ``cfg``'s run; ``header`` and the rounding note come before the
-    first iteration's line (after every check, so a refusal stays one line)."""
+    """The progress display of ``cfg``'s run; ``header`` and the rounding note come when the run
+    starts (after every check, so a refusal stays one line)."""
     from klppo.core.objectives import OBJECTIVES
 
     note = announce_rounding(cfg)
@@ -248,9 +252,10 @@ def _start(cfg):
             (cfg.run_dir, cfg.total_steps, cfg.lr_plan)
         plan = plan_resume(run_dir, total)
         with _progress(plan, (_resuming(run_dir, plan.num_iterations),)) as progress:
-            return resume(run_dir, on_iteration=progress, total_steps=total, lr_plan=lr_plan)
+            return resume(run_dir, on_iteration=progress, total_steps=total, lr_plan=lr_plan,
+                          on_start=progress.start)
     with _progress(cfg) as progress:
-        return train(cfg, on_iteration=progress)
+        return train(cfg, on_iteration=progress, on_start=progress.start)
 
 
 def _resuming(run_dir: str, iterations: int) -> str:

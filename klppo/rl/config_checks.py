@@ -221,7 +221,7 @@ def _validate_kl(cfg: TrainConfig) -> None:
 def _controller_error(k: Any, message: str) -> str:
     """A controller's refusal of an option (``Owner: NAME must ..., got NAME=VALUE``) as the
     config field's (``kl.NAME=VALUE: must ... (Owner)``) when NAME is a field of ``kl``."""
-    m = re.fullmatch(r"(\w+): (\w+) (must .*), got \2=(.*)", message)
+    m = re.fullmatch(r"(\w+): (\w+) (must .*), got \2=(\S+)", message)
     if m is None or m.group(2) not in {f.name for f in dataclasses.fields(k)}:
         return f"kl: {message}"
     return f"kl.{m.group(2)}={m.group(4)}: {m.group(3)} ({m.group(1)})"

@@ -27,6 +27,7 @@ from klppo.rl.presets import preset as named_preset
 from klppo.rl.trainer import resume
 from klppo.rl.trainer import train as train_config
 from klppo.runs.errors import InputError
+from klppo.runs.owned import is_run_temp
 
 __all__ = ["train", "load", "env_id", "Model"]
 
@@ -79,7 +80,7 @@ class Model(Policy):
         if not target.parent.is_dir():
             raise InputError(f"path={str(path)!r}: its directory {str(target.parent)!r} does "
                              f"not exist")
-        shutil.copytree(self.run_dir, target, ignore=shutil.ignore_patterns(".lock", "*.tmp"))
+        shutil.copytree(self.run_dir, target, ignore=_not_copied)
         return target
 
     def learn(self, steps: int, lr_plan: str = "replan") -> Model:
@@ -119,6 +120,12 @@ def env_id(env: Any) -> str:
     local = f"klppo-local/{name or 'env'}.{next(_LOCAL_IDS)}"
     gym.register(id=local, entry_point=env)
     return local
+
+
+def _not_copied(folder: str, names: list[str]) -> set[str]:
+    """What a saved copy of a run leaves out: the lock and the temp files of the run's own
+    atomic writes (a user's ``policy.tmp`` is copied)."""
+    return {n for n in names if n == ".lock" or is_run_temp(n)}
 
 
 def _sections() -> dict[str, set[str]]:

@@ -10,6 +10,7 @@ is :class:`klppo.rl.single.SingleTrainer` (or the multi-agent one); opening its 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 from klppo.rl.config import TrainConfig
@@ -35,10 +36,12 @@ TIMING_KEYS = frozenset({"sps", "time_collect", "time_update", "time_elapsed"})
 _Trainer = SingleTrainer
 
 
-def train(config: TrainConfig, on_iteration: OnIteration = None) -> TrainResult:
+def train(config: TrainConfig, on_iteration: OnIteration = None,
+          on_start: Callable[[], None] | None = None) -> TrainResult:
     """Train from scratch into a new run directory (``config.out`` or a default name).
 
-    Every check (config, env, extras, the output path) runs before the directory is created.
+    Every check (config, env, extras, the output path) runs before the directory is created;
+    ``on_start`` is called once it is made, before the first iteration.
     """
     validate(config)
     if is_multiagent(config.env):  # the env, its agents and each policy's config
@@ -50,11 +53,14 @@ def train(config: TrainConfig, on_iteration: OnIteration = None) -> TrainResult:
         M.require_wandb()
     with compute_threads(config.torch_threads) as threads:
         tr, life = open_new(config, threads)
+        if on_start is not None:
+            on_start()
         return run_to_end(tr, life, on_iteration)
 
 
 def resume(run_dir: str | Path, on_iteration: OnIteration = None,
-           total_steps: int | None = None, lr_plan: str = "replan") -> TrainResult:
+           total_steps: int | None = None, lr_plan: str = "replan",
+           on_start: Callable[[], None] | None = None) -> TrainResult:
     """Continue a run from its last checkpoint (or start it, if it never wrote one).
 
     ``total_steps`` sets a new total (to extend a finished run, or shorten an unfinished one
@@ -70,6 +76,7 @@ def resume(run_dir: str | Path, on_iteration: OnIteration = None,
     with new episodes and says so in the log and in ``status.json`` (``warnings``). The
     directory's config, checkpoint, metrics and metadata are checked against each other first
     (:func:`~klppo.rl.lifecycle.check_resume`); a mismatch is refused in one line.
+    ``on_start`` is called once every check has passed and the checkpoint has loaded.
     """
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
@@ -77,6 +84,8 @@ def resume(run_dir: str | Path, on_iteration: OnIteration = None,
     with compute_threads(cfg.torch_threads) as threads:
         tr, life, kept = open_existing(run_dir, cfg, threads, total_steps=total_steps,
                                        lr_plan=lr_plan)
+        if on_start is not None:
+            on_start()
         if tr.iteration >= tr.num_iterations:
             tr.close()
             life.status("finished", tr.iteration)

@@ -407,7 +407,17 @@ def inside_owned(out: str | Path, flag: str = "out") -> str | None:
         return reason
     target = Path(out).resolve()
     for parent in target.parents:
-        if kind_of(parent) == "run":
+        if kind_of(parent) == "run" and _made_by_klppo(parent):
             return (f"{flag}={str(out)!r}: lies inside the run in {parent}; choose a path "
                     f"outside the run directory")
     return None
+
+
+def _made_by_klppo(run_dir: Path) -> bool:
+    """Whether ``run_dir``'s ``metadata.json`` is klppo's (it names klppo's version): a user's
+    project folder with a ``config.yaml`` and a ``metadata.json`` of its own is no run."""
+    try:
+        meta = json.loads((run_dir / "metadata.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(meta, dict) and "klppo_version" in meta

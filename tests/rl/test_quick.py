@@ -29,7 +29,11 @@ def test_train_by_id_with_keywords_predicts_learns_on_and_saves(tmp_path):
     assert more.config.total_steps == 384
     iters = [json.loads(x)["iteration"] for x in (p.run_dir / "metrics.jsonl").open()]
     assert iters == [1, 2, 3]  # 128 steps per iteration: trained on to the new total
+    (p.run_dir / "policy.tmp").write_text("mine")  # a user's file: copied
+    (p.run_dir / ".status.json.tmp999").write_text("{")  # a killed write's: left out
     copy = more.save(tmp_path / "copy")
+    assert (copy / "policy.tmp").read_text() == "mine"
+    assert not (copy / ".status.json.tmp999").exists() and not (copy / ".lock").exists()
     again = klppo.load(copy)
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
     np.testing.assert_array_equal(again.act(obs), more.act(obs))

@@ -182,6 +182,8 @@ def test_a_refused_resume_prints_its_refusal_alone(tmp_path, capsys):
     assert res.out == "" and "in use by pid" in res.err and len(res.err.splitlines()) == 1
     assert main(["train", "--resume", str(out), "--total-steps", "2048"]) == 0
     assert capsys.readouterr().out.startswith(f"resuming {out} from iteration 2 of 4\n")
+    assert main(["train", "--resume", str(out)]) == 0  # finished: nothing left, still said
+    assert capsys.readouterr().out.startswith(f"resuming {out} from iteration 4 of 4\n")
 
 
 def test_a_refused_env_prints_no_rounding_note_first(tmp_path, capsys):

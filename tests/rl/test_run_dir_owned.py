@@ -145,3 +145,14 @@ def test_a_new_run_inside_another_run_s_directory_is_refused(base, tmp_path, cap
     assert_one_line_error(2, capsys.readouterr().err, 2, "train",
                           ["lies inside the run in", "outside the run directory"])
     assert tree(run) == before
+
+
+def test_a_project_folder_with_a_config_and_metadata_of_its_own_is_no_run(tmp_path, capsys,
+                                                                          monkeypatch):
+    # a user's project root may hold config.yaml and metadata.json: runs below it are made
+    (tmp_path / "config.yaml").write_text("lr: 0.1\n")
+    (tmp_path / "metadata.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert run_main(["train", "--env", "CartPole-v1", "--total-steps", "512", "--out",
+                     "runs/a"]) == 0
+    assert (tmp_path / "runs" / "a" / "checkpoint.pt").is_file()
