@@ -64,7 +64,7 @@ def _rlhf_config(preset: str | None, config: str | None, rest: list[str]):
             raise ConfigError(f"{e} (in {config})") from None
     cfg = parse_config_flags(RLHFConfig, rest, "klppo rlhf", default=base,
                              description=RLHF_USAGE)
-    from klppo.runs.rundir import inside_owned
+    from klppo.runs.owned import inside_owned
 
     reason = inside_owned(cfg.out) if cfg.out else None
     if reason is not None:

@@ -129,8 +129,8 @@ def _check_out(out: str, configs: dict) -> None:
     import yaml
 
     from klppo.experiments.rlhf_worker import PENDING
-    from klppo.runs.owned import kind_of
-    from klppo.runs.rundir import inside_owned, read_yaml
+    from klppo.runs.owned import inside_owned, kind_of
+    from klppo.runs.rundir import read_yaml
 
     held = kind_of(Path(out).resolve())
     if held is not None:

@@ -174,7 +174,7 @@ def parse_train(argv: list[str]):
         base = C.from_dict({"env_kwargs": _mapping(known.env_kwargs)}, base)
     cfg = parse_config_flags(C.TrainConfig, rest, "klppo train", base, USAGE)  # --help exits
     from klppo.rl.config_checks import validate
-    from klppo.runs.rundir import inside_owned
+    from klppo.runs.owned import inside_owned
 
     cfg = validate(cfg)
     reason = inside_owned(cfg.out) if cfg.out else None

@@ -21,13 +21,14 @@ Paths are resolved (symlinks, ``..``) before deciding.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = ["RUN_OWNED", "SWEEP_OWNED", "STUDY_OWNED", "owned_reason", "container_reason",
-           "kind_of", "is_run_temp"]
+           "kind_of", "is_run_temp", "inside_owned"]
 
 #: what a run directory owns: name -> what it is to the run
 RUN_OWNED = {
@@ -193,3 +194,30 @@ def container_reason(dest: str | os.PathLike[str], kind: str,
     if kind_of(Path(dest).resolve()) == kind:
         return None
     return owned_reason(dest, (SWEEP_OWNED if kind == "sweep" else STUDY_OWNED), what)
+
+
+def inside_owned(out: str | Path, flag: str = "out") -> str | None:
+    """Why a new run may not be made at ``out`` (one line), or None: ``out`` lies inside what
+    a run, sweep or study owns (``RUN/policy``, ``SWEEP/runs/NEW``). The CLI checks a user's
+    ``--out`` with it; a sweep or study makes its runs under its own ``runs/`` itself. A new
+    run inside another run's directory (``RUN/sub``) is refused too: its files would mix with
+    that run's and a report of it would read both."""
+    reason = owned_reason(out, (), flag)
+    if reason is not None:
+        return reason
+    target = Path(out).resolve()
+    for parent in target.parents:
+        if kind_of(parent) == "run" and _made_by_klppo(parent):
+            return (f"{flag}={str(out)!r}: lies inside the run in {parent}; choose a path "
+                    f"outside the run directory")
+    return None
+
+
+def _made_by_klppo(run_dir: Path) -> bool:
+    """Whether ``run_dir``'s ``metadata.json`` is klppo's (it names klppo's version): a user's
+    project folder with a ``config.yaml`` and a ``metadata.json`` of its own is no run."""
+    try:
+        meta = json.loads((run_dir / "metadata.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(meta, dict) and "klppo_version" in meta
