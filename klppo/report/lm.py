@@ -192,7 +192,10 @@ def _summary_md(summaries: list[ArmSummary], common: int | None, machines: list[
         md.append(f"\nRuns stopped at different iterations: every run is read up to iteration "
                   f"{common}, the last that all of them reached.")
     if machines:
-        md += ["", "Measured on (from the runs' metadata.json):", *(f"- {m}" for m in machines)]
+        md += ["", "Measured on (from the runs' metadata.json):", *(f"- {m}" for m in machines),
+               "", "Float results differ across machines (CPU model, torch build, thread "
+               "count): the same seed gives the same numbers on the same machine and software, "
+               "not necessarily on another."]
     return "\n".join(md) + "\n"
 
 

@@ -111,4 +111,5 @@ def test_the_report_names_the_machines_the_runs_recorded(tmp_path):
     page, _ = lm_report(tmp_path, tmp_path / "out")
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "Measured on" in md and md.count("Test CPU 9000 CPU (2 logical cores)") == 1
+    assert "differ across machines" in md
     assert "Test CPU 9000" in page.read_text()
